@@ -1,0 +1,318 @@
+"""Turn commands: resume (generic), retry, retry-model, messages, tool-results, cancel.
+
+Each command reads the turn, checks its preconditions, builds one TurnUpdate and applies it
+fenced by the version it read; a concurrent writer makes the fence miss and the command is
+re-read and re-checked, so no update is lost. Status changes here only ever touch a turn no
+worker holds; for a held turn a command only raises a flag or queues a message."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from sqlalchemy.orm import Session
+
+from app import metrics
+from app.api import views
+from app.api.auth import ClientAuth, Role, request_role
+from app.api.deps import db_of
+from app.api.problems import Problem, invalid_state, not_found
+from app.api.schemas import (
+    CancelBody,
+    Command,
+    ResumeBody,
+    RetryBody,
+    RetryModelBody,
+    ToolResultBody,
+    Turn,
+    UserMessageBody,
+)
+from app.domain.failures import sanitize
+from app.domain.policy import ExecutionPolicy
+from app.domain.status import TurnEvent, TurnStatus
+from app.domain.transcript import Message, ToolCall, closing_messages, tool_error_message
+from app.domain.update import TurnUpdate
+from app.store import turns as store
+from app.store.db import Database
+from app.store.notify import CANCEL, CHANGED, WAKE, notify
+from app.store.writer import Fence, apply_update
+
+router = APIRouter(prefix="/v1/turns", tags=["commands"], dependencies=[ClientAuth])
+
+# Builds the update for a turn row, or raises a Problem; may return None for "nothing to
+# change" (an idempotent repeat). The second item runs after a successful fenced write.
+Plan = Callable[[Session, dict[str, Any]], tuple[TurnUpdate | None, Callable[[], None] | None]]
+
+MAX_ATTEMPTS = 20
+INTERRUPTED_BY_USER = "superseded by a new user message"
+
+
+def _held(row: dict[str, Any]) -> bool:
+    expires = row["lease_expires_at"]
+    return expires is not None and expires > datetime.now(UTC)
+
+
+def _require(row: dict[str, Any], *allowed: TurnStatus) -> TurnStatus:
+    status = TurnStatus(row["status"])
+    if status.is_terminal:
+        raise Problem(409, "turn_finished", f"the turn has finished ({status.value})",
+                      turn_status=status.value)
+    if status not in allowed:
+        names = ", ".join(s.value for s in allowed)
+        raise invalid_state(status.value, f"this command needs the turn in {names}, "
+                                          f"not {status.value}")
+    if _held(row) and status is not TurnStatus.RUNNING:
+        raise invalid_state(status.value, "a worker is resuming this turn right now")
+    return status
+
+
+def _run(db: Database, turn_id: str, command: str, plan: Plan) -> dict[str, Any]:
+    """Apply a command with optimistic concurrency; returns the turn as it is afterwards."""
+    try:
+        for _ in range(MAX_ATTEMPTS):
+            with db.transaction() as session:
+                row = store.get(session, turn_id)
+                if row is None:
+                    raise not_found(f"turn {turn_id!r}")
+                upd, after = plan(session, row)
+                if upd is not None:
+                    upd.event("command", {"command": command})
+                    applied = apply_update(session, turn_id, Fence(version=row["version"]), upd)
+                    if not applied.ok:
+                        continue  # someone wrote first: read again, check again
+                    if after is not None:
+                        after()
+                    notify(session, CHANGED, turn_id)
+                    if upd.status is TurnStatus.RUNNING and not _held(row):
+                        notify(session, WAKE)
+                    row = store.get(session, turn_id)
+                    assert row is not None
+            metrics.commands.labels(command, "accepted").inc()
+            return views.turn(row)
+        raise Problem(409, "invalid_state", "the turn kept changing; try again")
+    except Problem as p:
+        metrics.commands.labels(command, p.code).inc()
+        raise
+
+
+def _update(row: dict[str, Any], *, reset: bool = True) -> TurnUpdate:
+    upd = TurnUpdate(TurnStatus(row["status"]))
+    upd.values["steps"] = row["steps"] + 1  # a command applied is a step (RUNNER.md)
+    if reset:
+        upd.values["consecutive_retry_count"] = 0
+    return upd
+
+
+# ---- plans ---------------------------------------------------------------------------------
+
+
+def _retry_plan(force: bool) -> Plan:
+    def plan(_: Session, row: dict[str, Any]) -> tuple[TurnUpdate, None]:
+        _require(row, TurnStatus.RETRY_SCHEDULED)
+        due = row["next_runnable_at"]
+        now = datetime.now(UTC)
+        if not force and due is not None and due > now:
+            raise Problem(409, "not_due", "the retry is not due yet",
+                          next_runnable_at=due.isoformat().replace("+00:00", "Z"),
+                          turn_status=row["status"])
+        # RETRY keeps the consecutive count, so a lasting fault cannot retry forever.
+        upd = _update(row, reset=False)
+        if due is not None and not force:
+            metrics.retry_lag.observe(max(0.0, (now - due).total_seconds()))
+        upd.move(TurnEvent.CONTINUE if force else TurnEvent.RETRY,
+                 "resumed now (force)" if force else "retry due")
+        upd.values["next_runnable_at"] = None
+        upd.event("retry_resumed", {"by": "api", "force": force})
+        return upd, None
+
+    return plan
+
+
+def _retry_model_plan(failure_id: str, model: Any) -> Plan:
+    def plan(_: Session, row: dict[str, Any]) -> tuple[TurnUpdate, None]:
+        _require(row, TurnStatus.WAITING_FOR_MODEL)
+        current = (row["last_error"] or {}).get("failure_id")
+        if failure_id != current:
+            raise Problem(409, "stale_failure", "failure_id is not the turn's last failure",
+                          failure_id=current, turn_status=row["status"])
+        upd = _update(row)
+        if model is not None:
+            upd.values["model_override"] = model.model_dump(mode="json")
+        upd.move(TurnEvent.RETRY_MODEL,
+                 f"retry-model ({model.model})" if model is not None else "retry-model")
+        return upd, None
+
+    return plan
+
+
+def _message_plan(content: str, message_id: str | None) -> Plan:
+    mid = message_id or "msg_" + uuid.uuid4().hex
+
+    def plan(session: Session, row: dict[str, Any]) -> tuple[TurnUpdate | None, Any]:
+        status = TurnStatus(row["status"])
+        if status.is_terminal:
+            raise Problem(409, "turn_finished", f"the turn has finished ({status.value})",
+                          turn_status=status.value)
+        if store.inbox_has(session, row["id"], mid):
+            return None, None  # the same message_id again: accepted once only
+        upd = _update(row)
+        upd.event("user_message", {"message_id": mid})
+        queue_only = status in (TurnStatus.READY, TurnStatus.RUNNING) or _held(row)
+        if not queue_only:
+            if status is TurnStatus.WAITING_FOR_TOOL:
+                policy = ExecutionPolicy.model_validate(row["execution_policy"])
+                transcript = store.transcript(session, row["id"])
+                # Close the pending calls only (the turn goes on, so no closing assistant).
+                for m in closing_messages(transcript, policy, INTERRUPTED_BY_USER)[:-1]:
+                    upd.message(m)
+                upd.values["pending_tool_calls"] = []
+            upd.move(TurnEvent.USER_MESSAGE, "new user message")
+            upd.values["next_runnable_at"] = None
+
+        def queue() -> None:
+            store.enqueue_user_message(session, row["id"], mid, content)
+            store.bump_inbox(session, row["id"])
+
+        return upd, queue
+
+    return plan
+
+
+def _tool_result_plan(body: ToolResultBody) -> Plan:
+    def plan(_: Session, row: dict[str, Any]) -> tuple[TurnUpdate, None]:
+        _require(row, TurnStatus.WAITING_FOR_TOOL)
+        pending = [ToolCall.from_json(c) for c in row["pending_tool_calls"] or []]
+        call = next((c for c in pending if c.id == body.tool_call_id), None)
+        if call is None:
+            raise invalid_state(row["status"], f"tool call {body.tool_call_id!r} is not pending")
+        upd = _update(row)
+        upd.values["tool_calls"] = row["tool_calls"] + 1
+        if body.error is not None:
+            policy = ExecutionPolicy.model_validate(row["execution_policy"])
+            text = tool_error_message(policy, call, body.error.code, sanitize(body.error.message))
+            upd.message(Message(role="tool", content=text, tool_call_id=call.id, name=call.name,
+                                meta={"error": body.error.code}))
+        else:
+            text = body.content if isinstance(body.content, str) else json.dumps(body.content)
+            upd.message(Message(role="tool", content=text, tool_call_id=call.id, name=call.name))
+        rest = [c.to_json() for c in pending if c.id != call.id]
+        upd.values["pending_tool_calls"] = rest
+        upd.event("tool_result", {"tool_call_id": call.id, "error": body.error is not None})
+        if not rest:
+            upd.move(TurnEvent.TOOL_RESULTS_IN, "all tool results in")
+        return upd, None
+
+    return plan
+
+
+def _cancel_plan(reason: str | None) -> Plan:
+    def plan(session: Session, row: dict[str, Any]) -> tuple[TurnUpdate | None, None]:
+        status = TurnStatus(row["status"])
+        if status is TurnStatus.CANCELLED:
+            return None, None  # cancelling a cancelled turn answers it again
+        if status.is_terminal:
+            raise Problem(409, "turn_finished", f"the turn has finished ({status.value})",
+                          turn_status=status.value)
+        policy = ExecutionPolicy.model_validate(row["execution_policy"])
+        why = reason or policy.cancellation_reason
+        upd = TurnUpdate(status)
+        upd.values.update(cancel_requested=True, cancel_reason=why)
+        if _held(row):
+            # The worker holding it aborts its call and closes the transcript (within 1 s).
+            upd.event("cancel_requested", {"reason": why})
+            notify(session, CANCEL, row["id"])
+            return upd, None
+        for m in closing_messages(store.transcript(session, row["id"]), policy, why):
+            upd.message(m)
+        upd.values.update(pending_tool_calls=[], next_runnable_at=None)
+        upd.event("cancelled", {"reason": why})
+        upd.move(TurnEvent.CANCEL, why)
+        return upd, None
+
+    return plan
+
+
+# ---- routes --------------------------------------------------------------------------------
+
+Accepted = {"status_code": 202, "response_model": Turn}
+
+
+@router.post("/{turn_id}/retry", **Accepted)  # type: ignore[arg-type]
+def retry(turn_id: str, request: Request,
+          body: Annotated[RetryBody | None, Body()] = None) -> dict[str, Any]:
+    """RETRY a due RETRY_SCHEDULED turn; `force` (admin) resumes it now (CONTINUE)."""
+    force = bool(body and body.force)
+    if force:
+        _require_admin(request)
+    return _run(db_of(request), turn_id, "CONTINUE" if force else "RETRY", _retry_plan(force))
+
+
+@router.post("/{turn_id}/retry-model", **Accepted)  # type: ignore[arg-type]
+def retry_model(turn_id: str, body: RetryModelBody, request: Request) -> dict[str, Any]:
+    """RETRY_MODEL a WAITING_FOR_MODEL turn, optionally on another model."""
+    return _run(db_of(request), turn_id, "RETRY_MODEL",
+                _retry_model_plan(body.failure_id, body.model))
+
+
+@router.post("/{turn_id}/messages", **Accepted)  # type: ignore[arg-type]
+def post_message(turn_id: str, body: UserMessageBody, request: Request) -> dict[str, Any]:
+    """A user message into the turn (queued, or resuming a waiting turn)."""
+    return _run(db_of(request), turn_id, "USER_MESSAGE",
+                _message_plan(body.content, body.message_id))
+
+
+@router.post("/{turn_id}/tool-results", **Accepted)  # type: ignore[arg-type]
+def tool_results(turn_id: str, body: ToolResultBody, request: Request) -> dict[str, Any]:
+    """The result (or error) of a pending external tool call."""
+    command = "TOOL_ERROR" if body.error is not None else "TOOL_RESULT"
+    return _run(db_of(request), turn_id, command, _tool_result_plan(body))
+
+
+@router.post("/{turn_id}/cancel", **Accepted)  # type: ignore[arg-type]
+def cancel(turn_id: str, request: Request,
+           body: Annotated[CancelBody | None, Body()] = None) -> dict[str, Any]:
+    """Cancel: at once if no worker holds the turn, else the worker aborts within 1 s."""
+    return _run(db_of(request), turn_id, "CANCEL", _cancel_plan(body.reason if body else None))
+
+
+@router.post("/{turn_id}/resume", **Accepted)  # type: ignore[arg-type]
+def resume(turn_id: str, body: ResumeBody, request: Request) -> dict[str, Any]:
+    """The generic command form: `command` plus the fields of the matching shortcut."""
+    db = db_of(request)
+    c = body.command
+    if c in (Command.RETRY, Command.CONTINUE):
+        if c is Command.CONTINUE:
+            _require_admin(request)
+        return _run(db, turn_id, c.value, _retry_plan(c is Command.CONTINUE))
+    if c is Command.RETRY_MODEL:
+        if not body.failure_id:
+            raise _missing("failure_id")
+        return _run(db, turn_id, c.value, _retry_model_plan(body.failure_id, body.model))
+    if c is Command.USER_MESSAGE:
+        if not isinstance(body.content, str):
+            raise _missing("content", "a string")
+        return _run(db, turn_id, c.value, _message_plan(body.content, body.message_id))
+    if not body.tool_call_id:
+        raise _missing("tool_call_id")
+    if c is Command.TOOL_ERROR and body.error is None:
+        raise _missing("error")
+    if c is Command.TOOL_RESULT and body.content is None:
+        raise _missing("content")
+    result = ToolResultBody(tool_call_id=body.tool_call_id,
+                            content=body.content if c is Command.TOOL_RESULT else None,
+                            error=body.error if c is Command.TOOL_ERROR else None)
+    return _run(db, turn_id, c.value, _tool_result_plan(result))
+
+
+def _missing(field: str, what: str = "required") -> Problem:
+    return Problem(422, "validation_error", f"body.{field}: {what} for this command",
+                   errors=[{"field": f"body.{field}", "message": what}])
+
+
+def _require_admin(request: Request) -> None:
+    if request_role(request) is not Role.ADMIN:
+        raise Problem(403, "forbidden", "force needs an admin token")

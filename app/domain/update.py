@@ -1,0 +1,51 @@
+"""A change to one turn: column values, appended messages and events, built without I/O.
+
+Every status change goes through `TurnUpdate.move`, which checks the move against the one
+transition table and records it in the event log. The runner and the API both build these; the
+store applies them (fenced by a lease token or a version)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from app.domain.status import TurnEvent, TurnStatus, next_status
+from app.domain.transcript import Message
+
+
+@dataclass
+class TurnUpdate:
+    status: TurnStatus
+    values: dict[str, Any] = field(default_factory=dict)
+    messages: list[Message] = field(default_factory=list)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # Inbox rows (queued user messages) this update delivers into the transcript.
+    delivered_inbox: list[int] = field(default_factory=list)
+    # Give up the worker's claim with this write (parked, finished, or handed back).
+    release_lease: bool = False
+
+    def move(self, event: TurnEvent, reason: str | None = None) -> TurnStatus:
+        """Change status by `event` (IllegalTransition if the table refuses) and log it."""
+        before = self.status
+        after = next_status(before, event)
+        self.status = after
+        self.values["status"] = after.value
+        self.values["status_reason"] = reason
+        if after.is_terminal:
+            self.values["finished_at"] = datetime.now(UTC)
+            self.release_lease = True
+        self.event("status_changed", {"from": before.value, "to": after.value,
+                                      "event": event.value, "reason": reason})
+        return after
+
+    def event(self, type_: str, data: dict[str, Any]) -> None:
+        self.events.append((type_, data))
+
+    def message(self, message: Message) -> None:
+        self.messages.append(message)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.values or self.messages or self.events or self.delivered_inbox
+                    or self.release_lease)

@@ -1,0 +1,47 @@
+"""Every Prometheus metric of the service, defined once; labels stay low-cardinality (never a turn id)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+turns_created = Counter("turnrunner_turns_created", "Turns created.", ["agent"])
+turns_finished = Counter(
+    "turnrunner_turns_finished", "Turns that reached a terminal status.", ["agent", "status"]
+)
+errors = Counter(
+    "turnrunner_errors", "Classified model, tool and runner failures.", ["source", "error_class"]
+)
+retries_scheduled = Counter(
+    "turnrunner_retries_scheduled", "Retries scheduled (RETRY_SCHEDULED entered).",
+    ["source", "error_class"],
+)
+model_calls = Counter("turnrunner_model_calls", "Model calls by outcome.", ["model", "outcome"])
+model_call_duration = Histogram(
+    "turnrunner_model_call_duration_seconds", "Model call latency.", ["model"], buckets=_LATENCY
+)
+tool_calls = Counter("turnrunner_tool_calls", "Tool executions by outcome.", ["tool", "outcome"])
+tool_call_duration = Histogram(
+    "turnrunner_tool_call_duration_seconds", "Tool execution latency.", ["tool"], buckets=_LATENCY
+)
+tokens = Counter("turnrunner_tokens", "Tokens used, by direction (input|output).",
+                 ["model", "direction"])
+turns = Gauge("turnrunner_turns", "Turns currently in each status (all processes).", ["status"])
+retry_lag = Histogram(
+    "turnrunner_retry_lag_seconds", "How late a retry resumed: resumed at minus next_runnable_at.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+)
+commands = Counter("turnrunner_commands", "Turn commands received, by outcome.",
+                   ["command", "outcome"])
+http_requests = Counter("turnrunner_http_requests", "HTTP requests served.",
+                        ["method", "route", "status"])
+http_request_duration = Histogram(
+    "turnrunner_http_request_duration_seconds", "HTTP request latency.", ["method", "route"],
+    buckets=_LATENCY,
+)
+steps_committed = Counter("turnrunner_steps_committed", "Durable runner steps committed.")
+step_batch_size = Histogram(
+    "turnrunner_step_batch_size", "Steps carried by one group-commit transaction.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
