@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import socket
-from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -17,6 +14,7 @@ import httpx
 
 from app.domain.agent import ModelSpec, ToolSpec
 from app.domain.failures import ErrorClass, Failure, FailureError, classify_model_http
+from app.domain.retry_after import parse_retry_after
 from app.domain.transcript import Message, ToolCall
 from app.models.base import ModelReply, ModelRequest
 
@@ -258,37 +256,6 @@ def _error_body(response: httpx.Response) -> tuple[str | None, str | None, str |
         return value if isinstance(value, str) and value else None
 
     return text("code"), text("type"), text("message")
-
-
-def parse_retry_after(headers: Mapping[str, str]) -> int | None:
-    """Milliseconds to wait from `retry-after-ms` or `Retry-After` (seconds or HTTP date)."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    millis = _non_negative(lowered.get("retry-after-ms"))
-    if millis is not None:
-        return math.ceil(millis)
-    value = lowered.get("retry-after")
-    if value is None:
-        return None
-    seconds = _non_negative(value)
-    if seconds is not None:
-        return math.ceil(seconds * 1000)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # "-0000" parses naive; HTTP dates are always GMT
-        when = when.replace(tzinfo=UTC)
-    return max(0, math.ceil((when - datetime.now(UTC)).total_seconds() * 1000))
-
-
-def _non_negative(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value.strip())
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 
 from app.domain.agent import ToolSpec
 from app.domain.failures import ErrorClass, Failure, FailureError, classify_tool_http
+from app.domain.retry_after import parse_retry_after
 from app.tools.base import ToolContext
 from app.tools.guard import check_url, normalize_host
 
@@ -130,28 +128,8 @@ async def _status_failure(response: httpx.Response) -> FailureError:
         error_class,
         message,
         http_status=status,
-        retry_after_ms=parse_retry_after(response.headers.get("retry-after")),
+        retry_after_ms=parse_retry_after(response.headers),
     )
-
-
-def parse_retry_after(value: str | None) -> int | None:
-    """Milliseconds from a Retry-After header (delay seconds or HTTP date); None if absent/bad."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:  # "-0000" parses naive; HTTP dates are GMT
-            when = when.replace(tzinfo=UTC)
-        seconds = max(0.0, (when - datetime.now(UTC)).total_seconds())
-    if not math.isfinite(seconds) or seconds < 0:
-        return None
-    return math.ceil(seconds * 1000)
 
 
 def _transport_message(error: httpx.TransportError) -> str:

@@ -16,9 +16,10 @@ import pytest
 
 from app.domain.agent import ModelSpec, ToolSpec
 from app.domain.failures import ErrorClass, FailureError
+from app.domain.retry_after import parse_retry_after
 from app.domain.transcript import Message, ToolCall
 from app.models.base import ModelReply, ModelRequest
-from app.models.openai import OpenAIProvider, classify_exception, parse_retry_after
+from app.models.openai import OpenAIProvider, classify_exception
 
 KEY = "sk-test-SUPERSECRET-0123456789"
 HOST = "llm-gateway.corp.internal"

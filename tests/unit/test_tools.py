@@ -19,13 +19,14 @@ import pytest
 
 from app.domain.agent import ToolKind, ToolSpec
 from app.domain.failures import ErrorClass, FailureError
+from app.domain.retry_after import parse_retry_after
 from app.domain.transcript import ToolCall
 from app.tools import registry
 from app.tools.base import ToolContext
 from app.tools.builtins import BUILTIN_SCHEMAS, CalculatorError, calculator
 from app.tools.execute import ToolRunner, to_content, validate_arguments
 from app.tools.guard import check_url, forbidden_address
-from app.tools.http import HttpToolExecutor, parse_retry_after
+from app.tools.http import HttpToolExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -542,9 +543,9 @@ def test_http_tool_request_shape_with_a_mock_transport() -> None:
 
 
 def test_parse_retry_after() -> None:
-    assert parse_retry_after(None) is None
-    assert parse_retry_after("2") == 2000
-    assert parse_retry_after("0.5") == 500
-    assert parse_retry_after("-1") is None
-    assert parse_retry_after("soon") is None
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0  # in the past
+    assert parse_retry_after({}) is None
+    assert parse_retry_after({"Retry-After": "2"}) == 2000
+    assert parse_retry_after({"Retry-After": "0.5"}) == 500
+    assert parse_retry_after({"Retry-After": "-1"}) is None
+    assert parse_retry_after({"Retry-After": "soon"}) is None
+    assert parse_retry_after({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0  # in the past
