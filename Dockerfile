@@ -44,5 +44,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
   CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('TURNRUNNER_PORT', '8000'), timeout=2)" || exit 1
 
+# `api` bound to 0.0.0.0 refuses to start without TURNRUNNER_API_TOKENS / TURNRUNNER_ADMIN_TOKENS.
 ENTRYPOINT ["turnrunner"]
 CMD ["api", "--host", "0.0.0.0"]

@@ -10,7 +10,7 @@ from app.api import views
 from app.api.auth import AdminAuth, ClientAuth
 from app.api.deps import db_of
 from app.api.problems import not_found
-from app.api.schemas import Agent, AgentList
+from app.api.schemas import MAX_INT32, Agent, AgentList
 from app.domain.agent import AgentSpec
 from app.store import agents as store
 
@@ -34,7 +34,8 @@ def list_agents(request: Request) -> dict[str, Any]:
 
 @router.get("/{name}", response_model=Agent, dependencies=[ClientAuth])
 def get_agent(
-    name: str, request: Request, version: Annotated[int | None, Query(ge=1)] = None
+    name: str, request: Request,
+    version: Annotated[int | None, Query(ge=1, le=MAX_INT32)] = None,
 ) -> dict[str, Any]:
     """The latest version of an agent, or the one asked for."""
     with db_of(request).transaction() as session:

@@ -42,7 +42,8 @@ def role_of(settings: Settings, token: str | None) -> Role | None:
 def request_role(request: Request) -> Role | None:
     """The role of the request's bearer token, read from its header."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return role_of(request.app.state.settings, token.strip() if scheme.lower() == "bearer" else None)
+    bearer = token.strip() if scheme.lower() == "bearer" else None
+    return role_of(request.app.state.settings, bearer)
 
 
 def current_role(

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import random
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sqlalchemy import make_url
 
@@ -27,7 +27,7 @@ class ChangeFeed:
         self._db = db
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._tasks: list[asyncio.Task[None]] = []
-        self._unsubscribe = lambda: None
+        self._unsubscribe: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

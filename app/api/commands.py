@@ -219,7 +219,7 @@ def _cancel_plan(reason: str | None) -> Plan:
                           turn_status=status.value)
         policy = ExecutionPolicy.model_validate(row["execution_policy"])
         why = reason or policy.cancellation_reason
-        upd = TurnUpdate(status)
+        upd = _update(row)  # a command like the others: a step, and the consecutive count reset
         upd.values.update(cancel_requested=True, cancel_reason=why)
         if _held(row):
             # The worker holding it aborts its call and closes the transcript (within 1 s).

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import time
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
 from app.api.problems import problem_response
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    # An HTTPException, so that FastAPI, which reads the body inside the route and turns any
+    # other error while reading into a 400, passes it on to the problem handlers as a 413.
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body larger than {max_bytes} bytes")
 
 
 class BodyLimit:
@@ -36,7 +40,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge()
+                    raise _TooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:

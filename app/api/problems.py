@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -64,6 +65,16 @@ def install(app: FastAPI) -> None:
         first = errors[0] if errors else {"field": "body", "message": "invalid"}
         return problem_response(
             422, "validation_error", f"{first['field']}: {first['message']}", errors=errors
+        )
+
+    @app.exception_handler(DataError)
+    async def _unstorable(_: Request, exc: DataError) -> JSONResponse:
+        # The database refused a value the request carried, such as a NUL character, which
+        # PostgreSQL text and JSON cannot hold: the request is at fault, not the service.
+        return problem_response(
+            422, "validation_error", "a value in the request cannot be stored "
+            "(for example a NUL character in a string)",
+            errors=[{"field": "request", "message": "value cannot be stored"}],
         )
 
     @app.exception_handler(StarletteHTTPException)

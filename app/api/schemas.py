@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API (API.md); the OpenAPI document is built from these."""
+"""Request and response bodies of the HTTP API (API.md); the OpenAPI document comes from these."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from app.domain.agent import AgentSpec, ModelSpec
 from app.domain.policy import ExecutionPolicy
 from app.domain.status import TurnStatus
+
+# Versions and sequence numbers are 32-bit integer columns; a larger number in a request is a
+# validation error, not a database overflow.
+MAX_INT32 = 2**31 - 1
 
 
 class _In(BaseModel):
@@ -28,7 +32,7 @@ class AgentList(BaseModel):
 
 class CreateTurn(_In):
     agent: str = Field(min_length=1, max_length=200)
-    agent_version: int | None = Field(None, ge=1)
+    agent_version: int | None = Field(None, ge=1, le=MAX_INT32)
     input: str = Field(max_length=1_000_000)
     conversation_id: str | None = Field(None, min_length=1, max_length=200,
                                         pattern=r"^[A-Za-z0-9_.:-]+$")

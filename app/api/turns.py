@@ -24,7 +24,15 @@ from app.api.auth import ClientAuth
 from app.api.changes import ChangeFeed, wait_for
 from app.api.deps import db_of, settings_of
 from app.api.problems import Problem, not_found
-from app.api.schemas import CreateTurn, EventList, MessageList, Turn, TurnList
+from app.api.schemas import (
+    MAX_INT32,
+    CreateTurn,
+    Event,
+    EventList,
+    MessageList,
+    Turn,
+    TurnList,
+)
 from app.domain.policy import resolve_policy
 from app.domain.status import TurnStatus
 from app.domain.transcript import Message
@@ -36,6 +44,7 @@ from app.store.types import utcnow
 router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[ClientAuth])
 
 MAX_WAIT_MS = 60_000
+EVENT_PAGE = 1000  # events per read; a JSON answer holds at most this many (page with `after`)
 
 
 def _request_hash(body: CreateTurn) -> str:
@@ -127,7 +136,10 @@ def _new_turn(session: Any, body: CreateTurn, server_default: Any) -> dict[str, 
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, tid = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return datetime.fromisoformat(created), str(tid)
+        at = datetime.fromisoformat(created)
+        if at.tzinfo is None:
+            raise ValueError("cursor time without a zone")  # the store refuses naive times
+        return at, str(tid)
     except (ValueError, TypeError) as e:
         raise Problem(422, "validation_error", "cursor: not a cursor this API issued",
                       errors=[{"field": "query.cursor", "message": "invalid cursor"}]) from e
@@ -181,6 +193,7 @@ async def get_turn(
     feed: ChangeFeed = request.app.state.changes
     deadline = time.monotonic() + wait_ms / 1000
     async with feed.watch(turn_id) as changed:
+        changed.set()  # re-read once: a change between the first read and the watch sent no hint
         while row["version"] <= after_version:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -205,7 +218,7 @@ def _read_events(db: Database, turn_id: str, after: int) -> tuple[list[dict[str,
         row = store.get(session, turn_id)
         if row is None:
             raise not_found(f"turn {turn_id!r}")
-        return store.events(session, turn_id, after), row["status"]
+        return store.events(session, turn_id, after, EVENT_PAGE), row["status"]
 
 
 @router.get("/{turn_id}/events", response_model=EventList,
@@ -213,32 +226,35 @@ def _read_events(db: Database, turn_id: str, after: int) -> tuple[list[dict[str,
 async def get_events(
     turn_id: str,
     request: Request,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
 ) -> Any:
     """The event log after `after`; with Accept: text/event-stream, streamed until terminal."""
     db = db_of(request)
     items, status = await run_in_threadpool(_read_events, db, turn_id, after)
     if "text/event-stream" not in request.headers.get("accept", ""):
         return {"items": [views.event(e) for e in items]}
-    return StreamingResponse(_stream(request, db, turn_id, items, status),
+    return StreamingResponse(_stream(request, db, turn_id, items, status, after),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _stream(request: Request, db: Database, turn_id: str,
-                  items: list[dict[str, Any]], status: str) -> AsyncIterator[str]:
+                  items: list[dict[str, Any]], status: str, after: int) -> AsyncIterator[str]:
     feed: ChangeFeed = request.app.state.changes
-    last = 0
+    last = after
     async with feed.watch(turn_id) as changed:
+        changed.set()  # re-read once: a change between the first read and the watch sent no hint
         while True:
             for e in items:
                 last = e["seq"]
-                data = json.dumps(jsonable_encoder(views.event(e)))
+                data = Event.model_validate(views.event(e)).model_dump_json()  # as in JSON
                 yield f"id: {last}\nevent: {e['type']}\ndata: {data}\n\n"
-            if TurnStatus(status).is_terminal or await request.is_disconnected():
-                return
-            await wait_for(changed, 15.0)
-            if not changed.is_set():
-                yield ": keep-alive\n\n"
-            changed.clear()
+            # A full page means more are already there: read on before stopping or waiting.
+            if len(items) < EVENT_PAGE:
+                if TurnStatus(status).is_terminal or await request.is_disconnected():
+                    return
+                await wait_for(changed, 15.0)
+                if not changed.is_set():
+                    yield ": keep-alive\n\n"
+                changed.clear()
             items, status = await run_in_threadpool(_read_events, db, turn_id, last)

@@ -91,7 +91,7 @@ def classify_tool_http(status: int) -> ErrorClass:
 
 
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
-_HOSTPORT = re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|[\w-]+(?:\.[\w-]+)+):\d{2,5}\b")
+_HOSTPORT = re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|[\w-]+(?:\.[\w-]+)*):\d{2,5}\b")
 _IP = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b")
 _TRACE = re.compile(r"Traceback \(most recent call last\):.*", re.DOTALL)
 

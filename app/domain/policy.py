@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 
 from enum import StrEnum
 from typing import Annotated
@@ -53,7 +54,7 @@ INTERRUPTED_TURN_FIELDS = frozenset({"reason"})
 
 
 def placeholders(template: str) -> set[str]:
-    """The `{name}` placeholders of a template; `{{`/`}}` and JSON braces are literal text."""
+    """The `{name}` placeholders of a template; every other brace (JSON) is literal text."""
     found: set[str] = set()
     i = 0
     while i < len(template):
@@ -68,12 +69,13 @@ def placeholders(template: str) -> set[str]:
     return found
 
 
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
+
+
 def render(template: str, **values: str) -> str:
-    """Fill a template's known placeholders, leaving every other brace as written (JSON stays JSON)."""
-    out = template
-    for name, value in values.items():
-        out = out.replace("{" + name + "}", value)
-    return out
+    """Fill a template's known placeholders in one pass (text inside a value is never filled),
+    leaving every other brace as written (JSON stays JSON)."""
+    return _PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
 
 
 def _check_template(value: str, allowed: frozenset[str]) -> str:

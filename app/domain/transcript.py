@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +89,13 @@ def closing_messages(messages: list[Message], policy: ExecutionPolicy, reason: s
     return closing
 
 
+def _json_text(value: str) -> str:
+    # Escaped as inside a JSON string, so the default JSON template stays valid JSON.
+    return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
 def tool_error_message(policy: ExecutionPolicy, call: ToolCall, code: str, message: str) -> str:
     """The `tool` message content the model sees for a tool error (already sanitized)."""
-    return render(policy.tool_error_message_template, code=code,
-                  message=message.replace("\\", "\\\\").replace('"', '\\"'),
-                  tool_name=call.name, tool_call_id=call.id)
+    return render(policy.tool_error_message_template, code=_json_text(code),
+                  message=_json_text(message), tool_name=_json_text(call.name),
+                  tool_call_id=_json_text(call.id))

@@ -100,7 +100,10 @@ class TurnExecution:
         self.model_spec = (ModelSpec.model_validate(row["model_override"])
                            if row["model_override"] else loaded.agent.model)
         self.messages = list(loaded.messages)
-        self.history = loaded.history
+        # What the model sees: the system prompt, earlier turns of the conversation, this
+        # turn; kept up to date on append so a step never rebuilds it from the transcript.
+        self.context = ([m for m in self.messages if m.role == "system"] + loaded.history
+                        + [m for m in self.messages if m.role != "system"])
         self.inbox = loaded.inbox
         self.taken_ids = {c.id for m in self.messages for c in m.tool_calls}
         self.created_at: datetime = row["created_at"]
@@ -214,7 +217,7 @@ class TurnExecution:
             return True
         spec = self.model_spec
         timeout_s = self._cut_to_budget(spec.timeout_ms or DEFAULT_MODEL_TIMEOUT_MS)
-        request = ModelRequest(spec=spec, messages=self._context(), tools=list(self.agent.tools),
+        request = ModelRequest(spec=spec, messages=list(self.context), tools=list(self.agent.tools),
                                call_index=self.model_attempts, timeout_s=timeout_s,
                                turn_id=self.turn_id)
         self.steps += 1
@@ -260,11 +263,6 @@ class TurnExecution:
         upd.move(TurnEvent.TOOL_CALLS, f"{len(calls)} tool call(s)")
         await self._commit(upd)
         return False
-
-    def _context(self) -> list[Message]:
-        """What the model sees: the system prompt, earlier turns of the conversation, this turn."""
-        system = [m for m in self.messages if m.role == "system"]
-        return system + self.history + [m for m in self.messages if m.role != "system"]
 
     async def _deliver_inbox(self, upd: TurnUpdate) -> None:
         rows = self.inbox or await self.rt.load_inbox(self.turn_id)
@@ -416,6 +414,7 @@ class TurnExecution:
     def _append(self, upd: TurnUpdate, m: Message) -> None:
         upd.message(m)
         self.messages.append(m)
+        self.context.append(m)
 
     def _counters(self) -> Counters:
         return Counters(self.iterations, self.steps, self.tool_calls, self.input_tokens,

@@ -12,7 +12,7 @@ from app import metrics
 from app.domain.update import TurnUpdate
 from app.store import writer
 from app.store.db import Database
-from app.store.notify import CHANGED, notify
+from app.store.notify import CHANGED, notify_many
 from app.store.writer import Applied, Fence
 
 
@@ -62,9 +62,8 @@ class StepWriter:
             results = writer.apply_updates(
                 session, [(p.turn_id, p.fence, p.update) for p in batch]
             )
-            for p, r in zip(batch, results, strict=True):
-                if r.ok:
-                    notify(session, CHANGED, p.turn_id)
+            notify_many(session, CHANGED,
+                        [p.turn_id for p, r in zip(batch, results, strict=True) if r.ok])
         metrics.steps_committed.inc(sum(1 for r in results if r.ok))
         metrics.step_batch_size.observe(len(batch))
         return results

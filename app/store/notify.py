@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, text
 from sqlalchemy.orm import Session
 
 WAKE = "turnrunner_wake"      # a turn became runnable
@@ -27,6 +27,18 @@ def notify(session: Session, channel: str, payload: str = "") -> None:
     if session.bind is not None and session.bind.dialect.name == "postgresql":
         session.execute(select(func.pg_notify(channel, payload)))
     session.info.setdefault("turnrunner_notify", []).append((channel, payload))
+
+
+def notify_many(session: Session, channel: str, payloads: list[str]) -> None:
+    """One hint per payload, in a single statement (a batch of steps notifies once)."""
+    if not payloads:
+        return
+    if session.bind is not None and session.bind.dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
+            {"channel": channel, "payloads": payloads},
+        )
+    session.info.setdefault("turnrunner_notify", []).extend((channel, p) for p in payloads)
 
 
 @event.listens_for(Session, "after_commit")

@@ -91,16 +91,21 @@ def messages(session: Session, turn_id: str) -> list[dict[str, Any]]:
     return [dict(r) for r in session.execute(q).mappings()]
 
 
+_MESSAGE_FIELDS = (turn_messages.c.role, turn_messages.c.content, turn_messages.c.tool_calls,
+                   turn_messages.c.tool_call_id, turn_messages.c.name, turn_messages.c.meta)
+
+
 def transcript(session: Session, turn_id: str) -> list[Message]:
-    """The turn's own messages as domain objects, in order."""
-    q = select(turn_messages).where(turn_messages.c.turn_id == turn_id).order_by(turn_messages.c.seq)
+    """The turn's own messages as domain objects, in order (read once per claim)."""
+    q = (select(*_MESSAGE_FIELDS).where(turn_messages.c.turn_id == turn_id)
+         .order_by(turn_messages.c.seq))
     return [message_from_row(r) for r in session.execute(q)]
 
 
 def conversation_history(session: Session, conversation_id: str, before_turn: str) -> list[Message]:
     """Earlier turns' messages of a conversation (system prompts left out), oldest first."""
     q = (
-        select(turn_messages)
+        select(*_MESSAGE_FIELDS)
         .join(turns, turns.c.id == turn_messages.c.turn_id)
         .where(turn_messages.c.conversation_id == conversation_id,
                turn_messages.c.turn_id != before_turn,

@@ -7,10 +7,11 @@ locks the turn row, so rows of one turn are numbered in commit order."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, insert, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from app import metrics
@@ -58,54 +59,67 @@ def message_row(turn_id: str, conversation_id: str, seq: int, m: Message, now: A
 
 
 def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]]) -> list[Applied]:
-    """Apply each turn's update in the caller's transaction; one Applied per write, in order."""
+    """Apply each turn's update in the caller's transaction; one Applied per write, in order.
+
+    A constant number of round trips per batch, whatever its size: lock and read every turn
+    of the batch in one SELECT … FOR UPDATE, check the fences in Python, then write with one
+    executemany per statement shape (psycopg pipelines those)."""
+    if not writes:
+        return []
     now = utcnow()
+    ids = [turn_id for turn_id, _, _ in writes]
+    current = {
+        r.id: dict(r._mapping)
+        for r in session.execute(
+            select(turns.c.id, turns.c.version, turns.c.lease_token, turns.c.message_count,
+                   turns.c.event_count, turns.c.cancel_requested, turns.c.cancel_reason,
+                   turns.c.inbox_pending, turns.c.conversation_id, turns.c.agent_name)
+            .where(turns.c.id.in_(ids))
+            .with_for_update()
+        )
+    }
     results: list[Applied] = []
+    by_shape: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     message_rows: list[dict[str, Any]] = []
     event_rows: list[dict[str, Any]] = []
     delivered: list[int] = []
     for turn_id, fence, upd in writes:
-        values = dict(upd.values)
-        values["updated_at"] = now
-        values["version"] = turns.c.version + 1
-        if upd.messages:
-            values["message_count"] = turns.c.message_count + len(upd.messages)
-        if upd.events:
-            values["event_count"] = turns.c.event_count + len(upd.events)
-        if upd.delivered_inbox:
-            values["inbox_pending"] = turns.c.inbox_pending - len(upd.delivered_inbox)
-        if upd.release_lease:
-            values.update(lease_owner=None, lease_token=None, lease_expires_at=None)
-        cond = [turns.c.id == turn_id]
-        if fence.lease_token is not None:
-            cond.append(turns.c.lease_token == fence.lease_token)
-        if fence.version is not None:
-            cond.append(turns.c.version == fence.version)
-        row = session.execute(
-            update(turns).where(and_(*cond)).values(values).returning(
-                turns.c.version, turns.c.message_count, turns.c.event_count,
-                turns.c.cancel_requested, turns.c.cancel_reason, turns.c.inbox_pending,
-                turns.c.conversation_id, turns.c.agent_name,
-            )
-        ).one_or_none()
-        if row is None:
+        row = current.get(turn_id)
+        if row is None or not _matches(fence, row):
             results.append(FENCED_OUT)
             continue
-        first_msg = row.message_count - len(upd.messages) + 1
+        first_message, first_event = row["message_count"] + 1, row["event_count"] + 1
+        message_count = row["message_count"] + len(upd.messages)
+        event_count = row["event_count"] + len(upd.events)
+        inbox_pending = row["inbox_pending"] - len(upd.delivered_inbox)
+        version = row["version"] + 1
+        values = {**upd.values, "updated_at": now, "version": version,
+                  "message_count": message_count, "event_count": event_count,
+                  "inbox_pending": inbox_pending}
+        if upd.release_lease:
+            values.update(lease_owner=None, lease_token=None, lease_expires_at=None)
+        by_shape[tuple(sorted(values))].append({**values, "b_id": turn_id})
+        # Rows that follow in the same batch see this write (a turn may appear twice).
+        row.update(version=version, message_count=message_count, event_count=event_count,
+                   inbox_pending=inbox_pending)
+        if upd.release_lease:
+            row["lease_token"] = None
         message_rows.extend(
-            message_row(turn_id, row.conversation_id, first_msg + i, m, now)
+            message_row(turn_id, row["conversation_id"], first_message + i, m, now)
             for i, m in enumerate(upd.messages)
         )
-        first_event = row.event_count - len(upd.events) + 1
         event_rows.extend(
-            {"turn_id": turn_id, "seq": first_event + i, "type": t, "data": d, "created_at": now}
+            {"turn_id": turn_id, "seq": first_event + i, "type": t, "data": d,
+             "created_at": now}
             for i, (t, d) in enumerate(upd.events)
         )
         delivered.extend(upd.delivered_inbox)
         if "status" in upd.values and upd.status.is_terminal:
-            metrics.turns_finished.labels(row.agent_name, upd.status.value).inc()
-        results.append(Applied(True, row.version, row.cancel_requested, row.cancel_reason,
-                               row.inbox_pending))
+            metrics.turns_finished.labels(row["agent_name"], upd.status.value).inc()
+        results.append(Applied(True, version, row["cancel_requested"], row["cancel_reason"],
+                               inbox_pending))
+    for params in by_shape.values():
+        session.execute(_UPDATE_BY_ID, params)
     if message_rows:
         session.execute(insert(turn_messages), message_rows)
     if event_rows:
@@ -115,6 +129,16 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
             update(turn_inbox).where(turn_inbox.c.id.in_(delivered)).values(delivered_at=now)
         )
     return results
+
+
+# The SET clause comes from the keys of the parameters (all alike within one executemany).
+_UPDATE_BY_ID = update(turns).where(turns.c.id == bindparam("b_id"))
+
+
+def _matches(fence: Fence, row: dict[str, Any]) -> bool:
+    if fence.lease_token is not None and row["lease_token"] != fence.lease_token:
+        return False
+    return fence.version is None or row["version"] == fence.version
 
 
 def apply_update(session: Session, turn_id: str, fence: Fence, upd: TurnUpdate) -> Applied:

@@ -94,6 +94,10 @@ class ToolRunner:
             return await self._http.execute(spec, arguments, ctx)
         return await run_builtin(spec.builtin or spec.name, arguments, ctx)
 
+    async def aclose(self) -> None:
+        """Close the HTTP client of `http` tools."""
+        await self._http.aclose()
+
 
 def validate_arguments(spec: ToolSpec, call: ToolCall) -> dict[str, Any]:
     """The call's arguments if they are a JSON object that satisfies the tool's schema."""
