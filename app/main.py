@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from app import metrics
-from app.api import agents, commands, ops, problems, turns
+from app.api import agents, commands, ops, openapi, problems, turns
 from app.api.changes import ChangeFeed
 from app.api.middleware import BodyLimit, HttpMetrics
 from app.settings import Settings, get_settings
@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None,
     )
     app.state.settings = settings
     problems.install(app)
+    openapi.install(app)
     for module in (agents, turns, commands, ops):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -33,7 +34,12 @@ def invalid_state(status: str, detail: str) -> Problem:
     return Problem(409, "invalid_state", detail, turn_status=status)
 
 
-def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
+# HTTP requires these headers with these statuses (RFC 9110 11.6.1 and 15.5.6).
+_REQUIRED_HEADERS = {401: {"WWW-Authenticate": "Bearer"}}
+
+
+def problem_response(status: int, code: str, detail: str,
+                     headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     body = {
         "type": f"urn:turnrunner:problem:{code}",
         "title": HTTPStatus(status).phrase,
@@ -42,7 +48,8 @@ def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONR
         "code": code,
         **{k: v for k, v in extra.items() if v is not None},
     }
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON,
+                        headers={**_REQUIRED_HEADERS.get(status, {}), **(headers or {})})
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -82,7 +89,7 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 401: "unauthorized", 403: "forbidden",
                 413: "payload_too_large", 405: "method_not_allowed"}.get(exc.status_code, "error")
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-        return problem_response(exc.status_code, code, detail)
+        return problem_response(exc.status_code, code, detail, headers=exc.headers)  # Allow
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

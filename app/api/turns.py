@@ -228,7 +228,8 @@ async def get_events(
     request: Request,
     after: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
 ) -> Any:
-    """The event log after `after`; with Accept: text/event-stream, streamed until terminal."""
+    """The event log after `after`, at most 1000 events an answer (ask again `after` the last
+    one for more); with Accept: text/event-stream, all of it streamed until terminal."""
     db = db_of(request)
     items, status = await run_in_threadpool(_read_events, db, turn_id, after)
     if "text/event-stream" not in request.headers.get("accept", ""):

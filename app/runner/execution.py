@@ -85,6 +85,14 @@ class Runtime:
 
         return await asyncio.to_thread(load)
 
+    async def load_cancel_reason(self, turn_id: str) -> str | None:
+        def load() -> str | None:
+            with self.db.transaction() as session:
+                row = turns_store.get(session, turn_id)
+                return row["cancel_reason"] if row else None
+
+        return await asyncio.to_thread(load)
+
 
 class TurnExecution:
     def __init__(self, loaded: Loaded, runtime: Runtime) -> None:
@@ -138,7 +146,14 @@ class TurnExecution:
 
     async def run(self) -> None:
         try:
-            await self._loop(self._start())
+            upd = self._start()
+            if "status" in upd.values:
+                # The claim moved the turn to RUNNING: make that visible before a model or tool
+                # call that may take long, or the turn would look READY/RETRY_SCHEDULED while
+                # it is being worked on.
+                await self._commit(upd)
+                upd = TurnUpdate(self.status)
+            await self._loop(upd)
         except LeaseLost:
             log.warning("lease lost; another worker owns the turn now",
                         extra={"turn_id": self.turn_id})
@@ -170,7 +185,7 @@ class TurnExecution:
     async def _loop(self, upd: TurnUpdate) -> None:
         while True:
             if self.cancel_requested:
-                return await self._end(upd, TurnEvent.CANCEL, self._cancel_reason())
+                return await self._end(upd, TurnEvent.CANCEL, await self._cancel_reason())
             if self.status is not TurnStatus.RUNNING:
                 # Claimed only to finish a cancel; nothing else to do in a waiting status.
                 return await self._commit_and_release(upd)
@@ -183,7 +198,7 @@ class TurnExecution:
                 done = await self._step(upd)
             except CallCancelled:
                 return await self._end(TurnUpdate(self.status), TurnEvent.CANCEL,
-                                       self._cancel_reason())
+                                       await self._cancel_reason())
             if done:
                 return
             upd = TurnUpdate(self.status)
@@ -237,6 +252,8 @@ class TurnExecution:
         if failure:
             upd.event("model_attempt", {**attempt, "outcome": "error",
                                         **_failure_fields(failure)})
+            if await self._ended_by_duration(upd, failure):
+                return True
             return await self._on_failure(upd, failure)
         self.iterations += 1
         self.consecutive = 0
@@ -315,6 +332,8 @@ class TurnExecution:
             await self._commit(upd)
             return False
         upd.event("tool_attempt", {**attempt, "outcome": "error", **_failure_fields(failure)})
+        if await self._ended_by_duration(upd, failure):
+            return True
         if self.policy.tool_error_strategy is ToolErrorStrategy.RETURN_ERROR_TO_MODEL:
             metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
             # A tool error handed to the model is a tool result, never a retry.
@@ -362,6 +381,17 @@ class TurnExecution:
             await self._commit(upd)
             return True
         await self._end(upd, TurnEvent.FAIL, f"{cls} ({why}): {failure.message}")
+        return True
+
+    async def _ended_by_duration(self, upd: TurnUpdate, failure: Failure) -> bool:
+        """A call whose timeout was cut to the turn's remaining time ran out of it: that is
+        max_duration_ms tripping (BUDGET_EXCEEDED), not a failure to retry or report."""
+        if failure.error_class not in (ErrorClass.TIMEOUT, ErrorClass.TOOL_TIMEOUT):
+            return False
+        trip = self._duration_trip()
+        if trip is None:
+            return False
+        await self._end(upd, trip.event, trip.reason)
         return True
 
     async def _end(self, upd: TurnUpdate, event: TurnEvent, reason: str) -> None:
@@ -430,7 +460,10 @@ class TurnExecution:
         left = limits.remaining_duration_ms(self.policy, self._elapsed_ms())
         return max(0.001, (timeout_ms if left is None else min(timeout_ms, left)) / 1000)
 
-    def _cancel_reason(self) -> str:
+    async def _cancel_reason(self) -> str:
+        if self.cancel_reason is None:
+            # A NOTIFY hint names only the turn; the reason the caller gave is in its row.
+            self.cancel_reason = await self.rt.load_cancel_reason(self.turn_id)
         return self.cancel_reason or self.policy.cancellation_reason
 
     async def _commit(self, upd: TurnUpdate) -> None:

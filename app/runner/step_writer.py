@@ -46,16 +46,23 @@ class StepWriter:
             while self._queue:
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
-                try:
-                    results = await asyncio.to_thread(self._commit, batch)
-                except Exception as exc:  # the database failed: every step in the batch did
-                    for p in batch:
-                        if not p.done.done():
-                            p.done.set_exception(exc)
-                    continue
-                for p, r in zip(batch, results, strict=True):
-                    if not p.done.done():
-                        p.done.set_result(r)
+                await self._commit_batch(batch)
+
+    async def _commit_batch(self, batch: list[_Pending]) -> None:
+        try:
+            results = await asyncio.to_thread(self._commit, batch)
+        except Exception as exc:
+            if len(batch) > 1:
+                # One bad step must not fail the others: commit each on its own.
+                for p in batch:
+                    await self._commit_batch([p])
+                return
+            if not batch[0].done.done():
+                batch[0].done.set_exception(exc)
+            return
+        for p, r in zip(batch, results, strict=True):
+            if not p.done.done():
+                p.done.set_result(r)
 
     def _commit(self, batch: list[_Pending]) -> list[Applied]:
         with self._db.transaction() as session:

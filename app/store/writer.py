@@ -43,14 +43,26 @@ class Applied:
 FENCED_OUT = Applied(ok=False)
 
 
+def storable(value: Any) -> Any:
+    """`value` with NUL characters replaced: PostgreSQL text and JSONB refuse them, and a tool or
+    model may well send one."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(v) for v in value]
+    return value
+
+
 def message_row(turn_id: str, conversation_id: str, seq: int, m: Message, now: Any) -> dict[str, Any]:
     return {
         "turn_id": turn_id,
         "seq": seq,
         "conversation_id": conversation_id,
         "role": m.role,
-        "content": m.content,
-        "tool_calls": [c.to_json() for c in m.tool_calls] if m.tool_calls else None,
+        "content": storable(m.content),
+        "tool_calls": storable([c.to_json() for c in m.tool_calls]) if m.tool_calls else None,
         "tool_call_id": m.tool_call_id,
         "name": m.name,
         "meta": ({**m.meta, "message_id": m.message_id} if m.message_id else m.meta) or None,
@@ -93,7 +105,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
         event_count = row["event_count"] + len(upd.events)
         inbox_pending = row["inbox_pending"] - len(upd.delivered_inbox)
         version = row["version"] + 1
-        values = {**upd.values, "updated_at": now, "version": version,
+        values = {**storable(upd.values), "updated_at": now, "version": version,
                   "message_count": message_count, "event_count": event_count,
                   "inbox_pending": inbox_pending}
         if upd.release_lease:
@@ -109,7 +121,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
             for i, m in enumerate(upd.messages)
         )
         event_rows.extend(
-            {"turn_id": turn_id, "seq": first_event + i, "type": t, "data": d,
+            {"turn_id": turn_id, "seq": first_event + i, "type": t, "data": storable(d),
              "created_at": now}
             for i, (t, d) in enumerate(upd.events)
         )

@@ -224,6 +224,30 @@ def own_database() -> Iterator[str]:
 
 
 @dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+    metrics_url: str
+    log: Path
+
+    def wait_ready(self) -> None:
+        try:
+            wait_http(self.metrics_url, proc=self.proc)
+        except Exception:
+            print(self.log.read_text(errors="replace")[-4000:])
+            raise
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the worker's Prometheus metrics (0 when absent)."""
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())  # in definition order
+        text = httpx.get(self.metrics_url, timeout=10.0).text
+        for line in text.splitlines():
+            key, _, value = line.rpartition(" ")
+            if key == (f"{name}{{{want}}}" if want else name):
+                return float(value)
+        return 0.0
+
+
+@dataclass
 class Launcher:
     """Starts turnrunner processes for one test; everything is stopped when the test ends."""
 
@@ -260,19 +284,17 @@ class Launcher:
         return api
 
     def worker(self, name: str = "worker", *args: str, wait: bool = True,
-               **env: str) -> subprocess.Popen[bytes]:
+               **env: str) -> WorkerProcess:
         """A worker process; with `wait`, returns once its metrics endpoint answers."""
         port = free_port()
+        log = self._log(name)
         proc = self.stack.enter_context(run_process(
             ["worker", "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *args],
-            self.env(**env), self._log(name)))
+            self.env(**env), log))
+        worker = WorkerProcess(proc, f"http://127.0.0.1:{port}/metrics", log)
         if wait:
-            try:
-                wait_http(f"http://127.0.0.1:{port}/metrics", proc=proc)
-            except Exception:
-                print(self.logs[-1].read_text()[-4000:])
-                raise
-        return proc
+            worker.wait_ready()
+        return worker
 
     def dump_logs(self) -> None:
         for path in self.logs:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, make_url, text
 
 from tests.conftest import api_client
 from tests.helpers import create_agent, create_turn, scripted
@@ -77,6 +79,7 @@ def test_no_or_bad_token_is_401_everywhere(secured: Any) -> None:
         for method, path, body in _routes(turn["id"]):
             r = secured.request(method, path, json=body, headers=headers)
             problem(r, 401, "unauthorized")
+            assert r.headers["www-authenticate"].lower().startswith("bearer")
     r = secured.get(f"/v1/turns/{turn['id']}/events",
                     headers={"Accept": "text/event-stream"})
     problem(r, 401, "unauthorized")
@@ -147,6 +150,32 @@ def test_readyz_on_a_migrated_database(api_only: Any) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "ready"
     assert api_only.get("/healthz").json() == {"status": "ok"}
+
+
+@pytest.fixture
+def unmigrated_url(db_url: str, tmp_path: Any) -> Iterator[str]:
+    """An empty database of the same kind as db_url, never migrated."""
+    if db_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    name = f"turnrunner_empty_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(make_url(db_url).set(database="postgres"),
+                          isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(db_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_readyz_is_503_on_a_database_not_migrated(unmigrated_url: str) -> None:
+    with api_client(unmigrated_url, worker=False) as c:
+        r = c.get("/readyz")
+        problem(r, 503, "not_ready")
+        assert c.get("/healthz").status_code == 200
 
 
 # ---- body size -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,7 +29,6 @@ AT_ONCE = {"retry": {"max_retries": 1, "initial_delay_ms": 0, "max_delay_ms": 0}
 OVERLOADED = {"error": {"status": 503}}
 ASK_TWO = {"tool_calls": [{"name": "lookup", "arguments": {"q": "a"}},
                           {"name": "lookup", "arguments": {"q": "b"}}]}
-ASKS_OF = {"WAITING_FOR_TOOL"}
 
 
 def scripted(*replies: dict[str, Any], model: str = "script") -> dict[str, Any]:
@@ -135,9 +135,8 @@ def zoo(db_url: str) -> Iterator[tuple[Any, dict[str, dict[str, Any]]]]:
         accepted(c.post(f"/v1/turns/{cancelled['id']}/cancel", json={}))
         turns["CANCELLED"] = c.get(f"/v1/turns/{cancelled['id']}").json()
         turns["RUNNING"] = running_held(c)
+        # the only worker slot is taken by the hanging turn: this one stays READY, unclaimed
         turns["READY"] = create_turn(c, "quick")
-        time.sleep(0.2)  # a worker with a free slot would have claimed it by now
-        assert c.get(f"/v1/turns/{turns['READY']['id']}").json()["status"] == "READY"
         try:
             yield c, turns
         finally:
@@ -638,6 +637,55 @@ def test_text_tool_result_is_kept_as_written(client: Any) -> None:
     wait_status(client, turn["id"], "COMPLETED")
     tool_msgs = [m for m in messages(client, turn["id"]) if m["role"] == "tool"]
     assert [m["content"] for m in tool_msgs] == ["plain text, not JSON"]
+
+
+def _at_once(n: int, call: Callable[[], httpx.Response]) -> list[httpx.Response]:
+    """`call()` from n threads released together."""
+    barrier = threading.Barrier(n)
+
+    def run(_: int) -> httpx.Response:
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+def test_concurrent_results_for_one_call_are_taken_once(client: Any) -> None:
+    make_agents(client)
+    turn = park(client, "asks", "WAITING_FOR_TOOL")
+    first = turn["pending_tool_calls"][0]["id"]
+    answers = _at_once(8, lambda: client.post(f"/v1/turns/{turn['id']}/tool-results",
+                                              json={"tool_call_id": first, "content": "r"}))
+    assert sorted(r.status_code for r in answers) == [202] + [409] * 7, \
+        [r.text for r in answers]
+    assert {r.json()["code"] for r in answers if r.status_code == 409} == {"invalid_state"}
+    tool_msgs = [m for m in messages(client, turn["id"]) if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_msgs] == [first]
+    now = client.get(f"/v1/turns/{turn['id']}").json()
+    assert now["status"] == "WAITING_FOR_TOOL"
+    assert len(now["pending_tool_calls"]) == 1
+
+
+def test_concurrent_messages_with_one_id_are_taken_once(api_only: Any) -> None:
+    make_agents(api_only)
+    turn = create_turn(api_only, "quick")
+    answers = _at_once(8, lambda: api_only.post(
+        f"/v1/turns/{turn['id']}/messages", json={"content": "once", "message_id": "m"}))
+    assert [r.status_code for r in answers] == [202] * 8, [r.text for r in answers]
+    assert command_events(api_only, turn["id"]) == ["USER_MESSAGE"]
+    assert api_only.get(f"/v1/turns/{turn['id']}").json()["version"] == turn["version"] + 1
+
+
+def test_concurrent_cancels_close_the_transcript_once(client: Any) -> None:
+    make_agents(client)
+    turn = park(client, "asks", "WAITING_FOR_TOOL")
+    answers = _at_once(8, lambda: client.post(f"/v1/turns/{turn['id']}/cancel", json={}))
+    assert [r.status_code for r in answers] == [202] * 8, [r.text for r in answers]
+    assert {r.json()["status"] for r in answers} == {"CANCELLED"}
+    roles = [m["role"] for m in messages(client, turn["id"])]
+    assert roles == ["user", "assistant", "tool", "tool", "assistant"]
+    assert command_events(client, turn["id"]) == ["CANCEL"]
 
 
 # ---- CANCEL --------------------------------------------------------------------------------

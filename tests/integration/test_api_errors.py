@@ -175,6 +175,7 @@ def test_unknown_routes_and_methods_are_problems(api_only: Any) -> None:
     assert r.status_code == 405
     assert r.headers["content-type"].startswith("application/problem+json")
     assert r.json()["status"] == 405
+    assert "POST" in r.headers["allow"]  # (Starlette names the first matching route's only)
     r = api_only.put("/v1/turns", json={})
     assert r.status_code == 405
     assert r.headers["content-type"].startswith("application/problem+json")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -186,7 +189,42 @@ def test_idempotent_replay_returns_the_turn_as_it_is_now(api_only: Any) -> None:
     assert replay.json()["status"] == "CANCELLED"
 
 
+def _at_once(n: int, call: Any) -> list[httpx.Response]:
+    """`call()` from n threads released together."""
+    barrier = threading.Barrier(n)
+
+    def run() -> httpx.Response:
+        barrier.wait()
+        return call()  # type: ignore[no-any-return]
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: run(), range(n)))
+
+
+def test_concurrent_creates_with_one_key_make_one_turn(api_only: Any) -> None:
+    create_agent(api_only, "idem", scripted({"content": "x"}))
+    body = {"agent": "idem", "input": "race"}
+    answers = _at_once(8, lambda: api_only.post("/v1/turns", json=body,
+                                                headers={"Idempotency-Key": "raced"}))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200] * 7 + [201], [r.text for r in answers]
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert len(_all_turns(api_only)) == 1
+
+
 # ---- conversations -----------------------------------------------------------------------
+
+
+def test_concurrent_creates_in_one_conversation_make_one_turn(api_only: Any) -> None:
+    create_agent(api_only, "chat", scripted({"content": "x"}))
+    answers = _at_once(8, lambda: api_only.post("/v1/turns", json={
+        "agent": "chat", "input": "race", "conversation_id": "raced"}))
+    assert sorted(r.status_code for r in answers) == [201] + [409] * 7, \
+        [r.text for r in answers]
+    for r in answers:
+        if r.status_code == 409:
+            assert r.json()["code"] == "conversation_busy"
+    assert len(_all_turns(api_only, conversation_id="raced")) == 1
 
 
 def test_conversation_has_one_live_turn(api_only: Any) -> None:
@@ -437,3 +475,37 @@ def test_failed_model_shows_last_error(client: Any) -> None:
     assert attempt["data"]["error_class"] == "auth"
     assert attempt["data"]["http_status"] == 401
     assert attempt["data"]["failure_id"] == err["failure_id"]
+
+
+def test_a_tool_answer_with_a_nul_character_does_not_fail_the_turn(client: Any) -> None:
+    """PostgreSQL text cannot hold NUL: the runner must store such a tool result some other
+    way (SQLite keeps it as it is), not fail the turn with an internal error."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            body = b"nul\x00byte"
+            self.send_response(200)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tool = {"name": "odd", "description": "Answers a NUL.", "kind": "http",
+                "url": f"http://127.0.0.1:{server.server_address[1]}/odd"}
+        create_agent(client, "odd", scripted({"tool_calls": [{"name": "odd", "arguments": {}}]},
+                                             {"content": "ok"}), tools=[tool])
+        turn = create_turn(client, "odd")
+        done = wait_status(client, turn["id"], TERMINAL)
+        assert done["status"] == "COMPLETED", done["status_reason"]
+        result = next(m for m in messages(client, turn["id"]) if m["role"] == "tool")["content"]
+        assert result.startswith("nul") and result.endswith("byte")
+    finally:
+        server.shutdown()
+        server.server_close()
