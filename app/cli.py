@@ -59,9 +59,11 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> None:
+    from app import metrics
     from app.runner.worker import Worker
     from app.store.db import Database
 
+    metrics.init_label_sets(runner=True)
     if args.metrics_port:
         from prometheus_client import start_http_server
 

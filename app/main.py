@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None,
                run_worker: bool = False) -> FastAPI:
     """The API; with run_worker, an in-process worker runs beside it (`turnrunner serve`)."""
     settings = settings or get_settings()
+    metrics.init_label_sets(api=True, runner=run_worker)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -86,6 +86,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # Starlette's answer to a body it cannot even decode (e.g. not UTF-8): to a client
+            # that is the same mistake as malformed JSON.
+            return problem_response(422, "validation_error", "body: not valid UTF-8 JSON",
+                                    errors=[{"field": "body", "message": "not valid UTF-8 JSON"}])
         code = {404: "not_found", 401: "unauthorized", 403: "forbidden",
                 413: "payload_too_large", 405: "method_not_allowed"}.get(exc.status_code, "error")
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase

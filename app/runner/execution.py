@@ -352,6 +352,8 @@ class TurnExecution:
         """A failed model call or (FAIL_RUN) tool call: retry, park, or fail (RUNNER.md)."""
         retry = self.policy.retry
         retry_on = retry.retryable_classes()
+        if retry_on is not None:  # unknown errors are never retried, whatever retry_on says
+            retry_on = retry_on - {ErrorClass.INTERNAL}
         metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
         upd.values["last_error"] = failure.to_json(retry_on)
         cls = failure.error_class.value
@@ -432,7 +434,8 @@ class TurnExecution:
         try:
             return await task
         except TimeoutError:
-            raise FailureError(Failure.of(timeout_class, f"no answer within {timeout_s:.3f} s"))
+            raise FailureError(
+                Failure.of(timeout_class, f"no answer within {timeout_s:.3f} s")) from None
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():

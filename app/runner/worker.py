@@ -7,6 +7,7 @@ stops the worker loudly. NOTIFY is a hint; the jittered poll is the contract."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -61,8 +62,11 @@ class Worker:
         models = ModelRegistry()
         tools = ToolRunner(HttpToolExecutor(allowlist=self.settings.allowlist))
         self.rt = Runtime(self.db, writer, tools, models, self.owner)
-        unsubscribe = subscribe_local(
-            lambda ch, payload: loop.call_soon_threadsafe(self._on_hint, ch, payload))
+
+        def hint(channel: str, payload: str) -> None:  # called from the committing thread
+            loop.call_soon_threadsafe(self._on_hint, channel, payload)
+
+        unsubscribe = subscribe_local(hint)
         side = [
             asyncio.create_task(writer.run(), name="step-writer"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
@@ -122,10 +126,8 @@ class Worker:
                 continue  # there may be more waiting
             self._wake.clear()
             timeout = self.settings.poll_interval_ms / 1000 * random.uniform(0.5, 1.5)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
 
     def _claim(self, limit: int) -> list[Loaded]:
         with self.db.transaction() as session:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tests.e2e.conftest import Launcher
 
+ANSWER = "6 \N{MULTIPLICATION SIGN} 7 = 42."
+
 
 def test_serve_runs_the_demo_agent_to_completion(tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
@@ -23,7 +25,7 @@ def test_serve_runs_the_demo_agent_to_completion(tmp_path: Path) -> None:
             assert turn["agent"] == {"name": "demo", "version": 1}
             done = api.wait_terminal(turn["id"])
             assert done["status"] == "COMPLETED", done
-            assert done["output"] == "6 × 7 = 42."
+            assert done["output"] == ANSWER
             assert done["last_error"] is None
             assert done["counters"] == {"iterations": 2, "steps": 3, "tool_calls": 1,
                                         "input_tokens": 52, "output_tokens": 14,
@@ -40,7 +42,7 @@ def test_serve_runs_the_demo_agent_to_completion(tmp_path: Path) -> None:
             assert call["arguments"] == {"expression": "6*7"}
             assert messages[3]["tool_call_id"] == call["id"]
             assert messages[3]["content"] == "42"
-            assert messages[4]["content"] == "6 × 7 = 42."
+            assert messages[4]["content"] == ANSWER
             assert not messages[4].get("tool_calls")
 
             events = api.events(turn["id"])

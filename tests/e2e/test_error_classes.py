@@ -313,3 +313,21 @@ def test_default_tool_error_template_is_json(stack: Api, fake: FakeLLM,
     content = json.loads(stack.messages(turn["id"])[2]["content"])
     assert content["code"] == "tool_failed"
     assert content["message"].startswith("tool answered HTTP 404")
+
+
+def test_internal_error_is_not_retried_even_when_retry_on_names_it(
+    stack: Api, fake: FakeLLM, model: str,
+) -> None:
+    fake.script(model, {"error": {"status": 501, "code": "mystery"}}, {"content": "no"})
+    retry = {**FAST_RETRY, "max_retries": 3, "retry_on": ["internal", "overloaded"]}
+    r = stack.http.post("/v1/agents", json={"name": model, "model": fake.spec(model),
+                                            "execution_policy": {"retry": retry}})
+    if r.status_code == 422:
+        return  # refusing the policy outright is just as good
+    assert r.status_code == 201, r.text
+    turn = stack.create_turn(model, "go")
+    done = stack.wait_terminal(turn["id"])
+    assert done["status"] == "FAILED", done
+    assert done["retry_count"] == 0
+    assert done["last_error"]["retryable"] is False
+    assert fake.requests(model) == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from tests.e2e.conftest import Api, Launcher
 
