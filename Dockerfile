@@ -13,9 +13,7 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /src
-# README.md* matches nothing until a README exists, and that is fine, because pyproject.toml
-# always matches.
-COPY pyproject.toml README.md* ./
+COPY pyproject.toml README.md ./
 COPY app ./app
 COPY migrations ./migrations
 RUN pip install --no-cache-dir .
