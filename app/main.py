@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 from fastapi import FastAPI
 
@@ -16,9 +17,11 @@ from app.api.middleware import BodyLimit, HttpMetrics
 from app.settings import Settings, get_settings
 from app.store import claims
 from app.store.db import Database
+from app.store.prune import prune
 
 log = logging.getLogger("turnrunner.api")
 GAUGE_REFRESH_S = 5.0
+PRUNE_EVERY_S = 60.0
 
 
 async def _refresh_status_gauge(db: Database) -> None:
@@ -34,6 +37,19 @@ async def _refresh_status_gauge(db: Database) -> None:
         except Exception:
             log.warning("could not refresh the turn status gauge", exc_info=True)
         await asyncio.sleep(GAUGE_REFRESH_S)
+
+
+async def _prune_periodically(db: Database, older_than: timedelta) -> None:
+    """Retention (TURNRUNNER_PRUNE_AFTER_MS): delete old terminal turns in bounded batches.
+    Safe in many processes at once: each batch deletes what is still there."""
+    while True:
+        try:
+            removed = await asyncio.to_thread(prune, db, older_than)
+            if removed:
+                log.info("pruned terminal turns", extra={"turns": removed})
+        except Exception:
+            log.warning("pruning failed; trying again later", exc_info=True)
+        await asyncio.sleep(PRUNE_EVERY_S)
 
 
 def _status_counts(db: Database) -> dict[str, int]:
@@ -54,6 +70,9 @@ def create_app(settings: Settings | None = None, db: Database | None = None,
         app.state.changes = ChangeFeed(database)
         await app.state.changes.start()
         background = [asyncio.create_task(_refresh_status_gauge(database), name="status-gauge")]
+        if settings.prune_after_ms:
+            background.append(asyncio.create_task(_prune_periodically(
+                database, timedelta(milliseconds=settings.prune_after_ms)), name="prune"))
         worker = None
         if run_worker:
             from app.runner.worker import Worker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -12,6 +13,7 @@ from app.store.db import Database
 from app.store.prune import parse_duration, prune
 from app.store.tables import turn_events, turn_messages, turns
 from app.store.types import utcnow
+from tests.conftest import api_client
 from tests.helpers import create_agent, create_turn, scripted, wait_status
 
 
@@ -57,3 +59,18 @@ def test_parse_duration(text: str, expected: timedelta) -> None:
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(text)
+
+
+def test_the_prune_setting_prunes_in_the_background(db_url: str, db: Database) -> None:
+    with api_client(db_url) as client:
+        create_agent(client, "quick", scripted({"content": "ok"}))
+        old = create_turn(client, "quick")["id"]
+        wait_status(client, old, "COMPLETED")
+    with db.transaction() as s:
+        s.execute(update(turns).where(turns.c.id == old)
+                  .values(finished_at=utcnow() - timedelta(hours=2)))
+    with api_client(db_url, worker=False, prune_after_ms=3_600_000) as client:
+        deadline = time.monotonic() + 20
+        while client.get(f"/v1/turns/{old}").status_code != 404:
+            assert time.monotonic() < deadline, "the old turn was never pruned"
+            time.sleep(0.05)
