@@ -139,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     http(p)
     p.set_defaults(func=cmd_api)
     p = sub.add_parser("worker", help="the runner only")
-    p.add_argument("--concurrency", type=int, help="turns run at once (TURNRUNNER_WORKER_CONCURRENCY)")
+    p.add_argument(
+        "--concurrency", type=int, help="turns run at once (TURNRUNNER_WORKER_CONCURRENCY)"
+    )
     p.add_argument("--metrics-port", type=int, help="serve /metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="bind address for --metrics-port")
     p.set_defaults(func=cmd_worker)

@@ -11,7 +11,7 @@ from datetime import timedelta
 from fastapi import FastAPI
 
 from app import metrics
-from app.api import agents, commands, ops, openapi, problems, turns
+from app.api import agents, commands, openapi, ops, problems, turns
 from app.api.changes import ChangeFeed
 from app.api.middleware import BodyLimit, HttpMetrics
 from app.settings import Settings, get_settings
@@ -57,8 +57,9 @@ def _status_counts(db: Database) -> dict[str, int]:
         return claims.status_counts(session)
 
 
-def create_app(settings: Settings | None = None, db: Database | None = None,
-               run_worker: bool = False) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, db: Database | None = None, run_worker: bool = False
+) -> FastAPI:
     """The API; with run_worker, an in-process worker runs beside it (`turnrunner serve`)."""
     settings = settings or get_settings()
     metrics.init_label_sets(api=True, runner=run_worker)
@@ -71,8 +72,12 @@ def create_app(settings: Settings | None = None, db: Database | None = None,
         await app.state.changes.start()
         background = [asyncio.create_task(_refresh_status_gauge(database), name="status-gauge")]
         if settings.prune_after_ms:
-            background.append(asyncio.create_task(_prune_periodically(
-                database, timedelta(milliseconds=settings.prune_after_ms)), name="prune"))
+            background.append(
+                asyncio.create_task(
+                    _prune_periodically(database, timedelta(milliseconds=settings.prune_after_ms)),
+                    name="prune",
+                )
+            )
         worker = None
         if run_worker:
             from app.runner.worker import Worker

@@ -15,7 +15,7 @@ def normalize_database_url(url: str) -> str:
     """postgres:// and postgresql:// mean psycopg 3; everything else is taken as written."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 
@@ -29,29 +29,41 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address the HTTP server binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port the HTTP server binds to.")
-    api_tokens: SecretStr = Field(SecretStr(""), description="Client bearer tokens, comma separated.")
-    admin_tokens: SecretStr = Field(SecretStr(""), description="Admin bearer tokens, comma separated.")
+    api_tokens: SecretStr = Field(
+        SecretStr(""), description="Client bearer tokens, comma separated."
+    )
+    admin_tokens: SecretStr = Field(
+        SecretStr(""), description="Admin bearer tokens, comma separated."
+    )
     default_execution_policy: ExecutionPolicy = Field(
         default_factory=ExecutionPolicy,
         description="Server-wide default policy (JSON); an agent's or a turn's replaces it whole.",
     )
     register_demo_agent: bool = Field(True, description="`serve` registers the `demo` agent.")
-    worker_concurrency: int = Field(32, ge=1, le=10_000, description="Turns one worker runs at once.")
-    scheduler_enabled: bool = Field(
-        True, description="Workers resume RETRY_SCHEDULED turns when due; off = operator's scheduler."
+    worker_concurrency: int = Field(
+        32, ge=1, le=10_000, description="Turns one worker runs at once."
     )
-    lease_ttl_ms: int = Field(30_000, ge=500, description="How long a claim holds without heartbeat.")
+    scheduler_enabled: bool = Field(
+        True,
+        description="Workers resume RETRY_SCHEDULED turns when due; off = operator's scheduler.",
+    )
+    lease_ttl_ms: int = Field(
+        30_000, ge=500, description="How long a claim holds without heartbeat."
+    )
     poll_interval_ms: int = Field(1000, ge=10, description="Mean idle poll interval (jittered).")
     cancel_poll_interval_ms: int = Field(
         250, ge=10, description="How often a worker looks for cancel flags on the turns it holds."
     )
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted.")
     http_tool_allowlist: str = Field(
-        "", description="Hosts `http` tools may call, comma separated; empty = any public or "
+        "",
+        description="Hosts `http` tools may call, comma separated; empty = any public or "
         "private host. Link-local and metadata addresses are always refused.",
     )
     prune_after_ms: int | None = Field(
-        None, ge=60_000, description="Prune terminal turns older than this, periodically; off if unset."
+        None,
+        ge=60_000,
+        description="Prune terminal turns older than this, periodically; off if unset.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
 
@@ -78,7 +90,9 @@ class Settings(BaseSettings):
 
     @property
     def allowlist(self) -> frozenset[str]:
-        return frozenset(h.strip().lower() for h in self.http_tool_allowlist.split(",") if h.strip())
+        return frozenset(
+            h.strip().lower() for h in self.http_tool_allowlist.split(",") if h.strip()
+        )
 
     @property
     def is_sqlite(self) -> bool:

@@ -40,12 +40,18 @@ def agent_spec(tool_calls: int) -> AgentSpec:
     """A scripted agent: `tool_calls` rounds of an instant async tool, then an answer."""
     base = DEMO_AGENT.model_dump(mode="json")
     base["name"] = "bench"
-    base["tools"] = [{"name": "sleep", "description": "wait", "kind": "builtin", "builtin": "sleep",
-                      "parameters": {"type": "object"}}]
-    base["model"]["script"] = (
-        [{"tool_calls": [{"name": "sleep", "arguments": {"ms": 0}}]}] * tool_calls
-        + [{"content": "done"}]
-    )
+    base["tools"] = [
+        {
+            "name": "sleep",
+            "description": "wait",
+            "kind": "builtin",
+            "builtin": "sleep",
+            "parameters": {"type": "object"},
+        }
+    ]
+    base["model"]["script"] = [
+        {"tool_calls": [{"name": "sleep", "arguments": {"ms": 0}}]}
+    ] * tool_calls + [{"content": "done"}]
     base["execution_policy"] = {"max_iterations": 100_000, "max_steps": 100_000}
     return AgentSpec.model_validate(base)
 
@@ -55,7 +61,9 @@ def seed(db: Database, n: int, history: int) -> None:
     policy = ExecutionPolicy(max_iterations=100_000, max_steps=100_000).model_dump(mode="json")
     with db.transaction() as session:
         if agents.get(session, "bench") is None:
-            agents.create_version(session, "bench", agent_spec(ARGS.tool_calls).model_dump(mode="json"))
+            agents.create_version(
+                session, "bench", agent_spec(ARGS.tool_calls).model_dump(mode="json")
+            )
         for _ in range(n):
             now = utcnow()
             tid = "turn_" + uuid.uuid4().hex
@@ -66,12 +74,23 @@ def seed(db: Database, n: int, history: int) -> None:
                 msgs.append(Message(role="assistant", content=None, tool_calls=(call,)))
                 msgs.append(Message(role="tool", content="{}", tool_call_id=call.id, name="sleep"))
             msgs.append(Message(role="user", content="go"))
-            turns.insert_turn(session, {
-                "id": tid, "agent_name": "bench", "agent_version": 1,
-                "conversation_id": "conv_" + uuid.uuid4().hex, "status": "READY",
-                "created_at": now, "updated_at": now, "execution_policy": policy,
-                "pending_tool_calls": [], "metadata": {},
-            }, msgs, ("created", {}))
+            turns.insert_turn(
+                session,
+                {
+                    "id": tid,
+                    "agent_name": "bench",
+                    "agent_version": 1,
+                    "conversation_id": "conv_" + uuid.uuid4().hex,
+                    "status": "READY",
+                    "created_at": now,
+                    "updated_at": now,
+                    "execution_policy": policy,
+                    "pending_tool_calls": [],
+                    "metadata": {},
+                },
+                msgs,
+                ("created", {}),
+            )
 
 
 def completed(db: Database) -> int:
@@ -106,15 +125,17 @@ async def run_worker(db: Database, n: int, concurrency: int) -> Run:
     worker._claim = timed_claim  # type: ignore[method-assign]
     task = asyncio.create_task(worker.run())
     started = time.perf_counter()
-    before = _committed()
     while await asyncio.to_thread(completed, db) < n:
         await asyncio.sleep(0.02)
     end = time.perf_counter()
     worker.stop()
     await task
     steady_steps = _committed() - marks["steps_at"]
-    return Run(end - started, (end - marks["at"]) * 1000 / max(1.0, steady_steps),
-               marks["load_s"] * 1000 / max(1.0, marks["claimed"]))
+    return Run(
+        end - started,
+        (end - marks["at"]) * 1000 / max(1.0, steady_steps),
+        marks["load_s"] * 1000 / max(1.0, marks["claimed"]),
+    )
 
 
 def _committed() -> float:
@@ -134,11 +155,14 @@ def reset(db: Database) -> None:
 async def raw_ceiling(conninfo: str, concurrency: int, seconds: float) -> float:
     """Transactions/s of plain psycopg: one INSERT + one UPDATE per transaction."""
     setup = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-    await setup.execute("CREATE TABLE IF NOT EXISTS bench_rows (id bigserial PRIMARY KEY, "
-                        "k int, payload jsonb)")
+    await setup.execute(
+        "CREATE TABLE IF NOT EXISTS bench_rows (id bigserial PRIMARY KEY, k int, payload jsonb)"
+    )
     await setup.execute("CREATE TABLE IF NOT EXISTS bench_state (k int PRIMARY KEY, n int)")
-    await setup.execute("INSERT INTO bench_state SELECT g, 0 FROM generate_series(0, %s) g "
-                        "ON CONFLICT DO NOTHING", (concurrency,))
+    await setup.execute(
+        "INSERT INTO bench_state SELECT g, 0 FROM generate_series(0, %s) g ON CONFLICT DO NOTHING",
+        (concurrency,),
+    )
     await setup.close()
     done = 0
     deadline = time.perf_counter() + seconds
@@ -148,8 +172,10 @@ async def raw_ceiling(conninfo: str, concurrency: int, seconds: float) -> float:
         async with await psycopg.AsyncConnection.connect(conninfo) as conn:
             while time.perf_counter() < deadline:
                 async with conn.transaction():
-                    await conn.execute("INSERT INTO bench_rows (k, payload) VALUES (%s, %s)",
-                                       (k, '{"role": "tool", "content": "{}"}'))
+                    await conn.execute(
+                        "INSERT INTO bench_rows (k, payload) VALUES (%s, %s)",
+                        (k, '{"role": "tool", "content": "{}"}'),
+                    )
                     await conn.execute("UPDATE bench_state SET n = n + 1 WHERE k = %s", (k,))
                 done += 1
 
@@ -159,8 +185,9 @@ async def raw_ceiling(conninfo: str, concurrency: int, seconds: float) -> float:
 
 
 async def main() -> None:
-    admin = create_engine(ARGS.url.replace("postgresql://", "postgresql+psycopg://", 1),
-                          isolation_level="AUTOCOMMIT")
+    admin = create_engine(
+        ARGS.url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
+    )
     name = f"turnrunner_bench_{uuid.uuid4().hex[:8]}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -174,14 +201,19 @@ async def main() -> None:
         elapsed = (await run_worker(db, ARGS.turns, ARGS.concurrency)).elapsed_s
         steps = steps_of(db)
         ours = steps / elapsed
-        print(f"worker: {ARGS.turns} turns x {steps_per_turn} steps = {steps} durable steps "
-              f"in {elapsed:.2f} s -> {ours:,.0f} steps/s (concurrency {ARGS.concurrency})")
+        print(
+            f"worker: {ARGS.turns} turns x {steps_per_turn} steps = {steps} durable steps "
+            f"in {elapsed:.2f} s -> {ours:,.0f} steps/s (concurrency {ARGS.concurrency})"
+        )
 
         conninfo = admin.url.set(database=name, drivername="postgresql").render_as_string(
-            hide_password=False)
+            hide_password=False
+        )
         raw = await raw_ceiling(conninfo, ARGS.concurrency, 5.0)
-        print(f"raw ceiling: {raw:,.0f} tx/s (psycopg, INSERT + UPDATE per transaction, "
-              f"{ARGS.concurrency} connections)")
+        print(
+            f"raw ceiling: {raw:,.0f} tx/s (psycopg, INSERT + UPDATE per transaction, "
+            f"{ARGS.concurrency} connections)"
+        )
         print(f"ratio: {ours / raw:.2f}")
 
         per_step = {}
@@ -192,10 +224,12 @@ async def main() -> None:
             seed(db, n, history)
             run = await run_worker(db, n, ARGS.concurrency)
             per_step[history] = run.steady_ms_per_step
-            print(f"history {history:>5} messages: {run.steady_ms_per_step:.3f} ms per step "
-                  f"(steady state, {n} turns); claim + transcript load "
-                  f"{run.load_ms_per_turn:.1f} ms per turn, once per claim; overall "
-                  f"{run.elapsed_s * 1000 / steps_of(db):.3f} ms per step")
+            print(
+                f"history {history:>5} messages: {run.steady_ms_per_step:.3f} ms per step "
+                f"(steady state, {n} turns); claim + transcript load "
+                f"{run.load_ms_per_turn:.1f} ms per turn, once per claim; overall "
+                f"{run.elapsed_s * 1000 / steps_of(db):.3f} ms per step"
+            )
         print(f"1,000 vs 10 messages: {per_step[1000] / per_step[10]:.2f}x time per step")
     finally:
         db.dispose()

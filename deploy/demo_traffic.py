@@ -20,23 +20,43 @@ TURNS = int(os.environ.get("DEMO_TURNS", "600"))
 INTERVAL_S = float(os.environ.get("DEMO_INTERVAL_S", "1"))
 
 CALCULATOR = {
-    "name": "calculator", "description": "Evaluate an arithmetic expression.", "kind": "builtin",
+    "name": "calculator",
+    "description": "Evaluate an arithmetic expression.",
+    "kind": "builtin",
     "builtin": "calculator",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                   "required": ["expression"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    },
 }
 
 
 def agent(client: httpx.Client, name: str, model: str) -> None:
-    client.post(f"{API}/v1/agents", headers=HEADERS, json={
-        "name": name,
-        "model": {"provider": "openai", "model": model, "base_url": f"{FAKE_LLM}/v1",
-                  "timeout_ms": 10_000},
-        "system_prompt": "You are the turnrunner demo.",
-        "tools": [CALCULATOR],
-        "execution_policy": {"max_iterations": 8, "retry": {
-            "max_retries": 3, "initial_delay_ms": 500, "multiplier": 2.0, "jitter": 0.2}},
-    }).raise_for_status()
+    client.post(
+        f"{API}/v1/agents",
+        headers=HEADERS,
+        json={
+            "name": name,
+            "model": {
+                "provider": "openai",
+                "model": model,
+                "base_url": f"{FAKE_LLM}/v1",
+                "timeout_ms": 10_000,
+            },
+            "system_prompt": "You are the turnrunner demo.",
+            "tools": [CALCULATOR],
+            "execution_policy": {
+                "max_iterations": 8,
+                "retry": {
+                    "max_retries": 3,
+                    "initial_delay_ms": 500,
+                    "multiplier": 2.0,
+                    "jitter": 0.2,
+                },
+            },
+        },
+    ).raise_for_status()
 
 
 def main() -> None:
@@ -51,17 +71,27 @@ def main() -> None:
         agent(client, "demo-flaky", "demo-flaky")
         agent(client, "demo-broken-key", "demo-broken-key")
         # A fifth of the calls fail transiently: retries, retry lag, errors by class.
-        client.put(f"{FAKE_LLM}/_control/models/demo-flaky/faults",
-                   json={"faults": [], "fault_rate": 0.2, "fault_status": 503, "seed": 7})
-        client.put(f"{FAKE_LLM}/_control/models/demo-broken-key/faults",
-                   json={"faults": [], "fault_rate": 1.0, "fault_status": 401})
+        client.put(
+            f"{FAKE_LLM}/_control/models/demo-flaky/faults",
+            json={"faults": [], "fault_rate": 0.2, "fault_status": 503, "seed": 7},
+        )
+        client.put(
+            f"{FAKE_LLM}/_control/models/demo-broken-key/faults",
+            json={"faults": [], "fault_rate": 1.0, "fault_status": 401},
+        )
         for n in itertools.islice(itertools.count(1), TURNS):
             name = "demo-broken-key" if n % 20 == 0 else "demo-flaky"
-            r = client.post(f"{API}/v1/turns", headers=HEADERS,
-                            json={"agent": name, "input": f"What is {n} times 7?"})
+            r = client.post(
+                f"{API}/v1/turns",
+                headers=HEADERS,
+                json={"agent": name, "input": f"What is {n} times 7?"},
+            )
             if r.is_success and n % 15 == 0:
-                client.post(f"{API}/v1/turns/{r.json()['id']}/cancel", headers=HEADERS,
-                            json={"reason": "demo cancel"})
+                client.post(
+                    f"{API}/v1/turns/{r.json()['id']}/cancel",
+                    headers=HEADERS,
+                    json={"reason": "demo cancel"},
+                )
             time.sleep(INTERVAL_S)
 
 

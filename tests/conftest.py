@@ -44,8 +44,10 @@ def pg_url() -> Iterator[str]:
     if not PG_ENABLED:
         pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
     name = f"turnrunner_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
-                          isolation_level="AUTOCOMMIT")
+    admin = create_engine(
+        PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
+        isolation_level="AUTOCOMMIT",
+    )
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     base = admin.url.set(database=name).render_as_string(hide_password=False)
@@ -125,7 +127,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_http(
+    url: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Wait until `url` answers 2xx, or fail (with the process's fate if it died)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -141,13 +145,15 @@ def wait_http(url: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] |
 
 
 @contextmanager
-def run_process(args: list[str], env: dict[str, str], log_path: Path,
-                health_url: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def run_process(
+    args: list[str], env: dict[str, str], log_path: Path, health_url: str | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run `turnrunner ARGS` as a real process; its output goes to log_path; stopped after."""
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([*TURNRUNNER, *args], env=full_env, cwd=REPO,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [*TURNRUNNER, *args], env=full_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         if health_url:
             try:
@@ -172,8 +178,9 @@ def fake_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     isolate themselves by using their own model names."""
     port = free_port()
     log = tmp_path_factory.mktemp("fake-llm") / "fake-llm.log"
-    with run_process(["fake-llm", "--port", str(port)], {}, log,
-                     f"http://127.0.0.1:{port}/healthz"):
+    with run_process(
+        ["fake-llm", "--port", str(port)], {}, log, f"http://127.0.0.1:{port}/healthz"
+    ):
         yield f"http://127.0.0.1:{port}/v1"
 
 

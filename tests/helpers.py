@@ -5,16 +5,25 @@ from __future__ import annotations
 import time
 from typing import Any
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_STEPS_REACHED",
-            "BUDGET_EXCEEDED"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "MAX_ITERATIONS_REACHED",
+    "MAX_STEPS_REACHED",
+    "BUDGET_EXCEEDED",
+}
 
 CALCULATOR = {
     "name": "calculator",
     "description": "Evaluate an arithmetic expression.",
     "kind": "builtin",
     "builtin": "calculator",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                   "required": ["expression"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    },
 }
 
 
@@ -22,9 +31,15 @@ def scripted(*replies: dict[str, Any]) -> dict[str, Any]:
     return {"provider": "scripted", "model": "script", "script": list(replies)}
 
 
-def create_agent(client: Any, name: str, model: dict[str, Any], tools: list[dict[str, Any]] | None = None,
-                 policy: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-                 **extra: Any) -> dict[str, Any]:
+def create_agent(
+    client: Any,
+    name: str,
+    model: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
+    policy: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"name": name, "model": model, "tools": tools or [], **extra}
     if policy is not None:
         body["execution_policy"] = policy
@@ -33,16 +48,23 @@ def create_agent(client: Any, name: str, model: dict[str, Any], tools: list[dict
     return r.json()  # type: ignore[no-any-return]
 
 
-def create_turn(client: Any, agent: str, input_: str = "hi", headers: dict[str, str] | None = None,
-                **extra: Any) -> dict[str, Any]:
-    r = client.post("/v1/turns", json={"agent": agent, "input": input_, **extra},
-                    headers=headers or {})
+def create_turn(
+    client: Any, agent: str, input_: str = "hi", headers: dict[str, str] | None = None, **extra: Any
+) -> dict[str, Any]:
+    r = client.post(
+        "/v1/turns", json={"agent": agent, "input": input_, **extra}, headers=headers or {}
+    )
     assert r.status_code == 201, r.text
     return r.json()  # type: ignore[no-any-return]
 
 
-def wait_status(client: Any, turn_id: str, statuses: set[str] | str, timeout_s: float = 20.0,
-                headers: dict[str, str] | None = None) -> dict[str, Any]:
+def wait_status(
+    client: Any,
+    turn_id: str,
+    statuses: set[str] | str,
+    timeout_s: float = 20.0,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Poll until the turn is in one of `statuses`; fail with its last state otherwise."""
     wanted = {statuses} if isinstance(statuses, str) else statuses
     deadline = time.monotonic() + timeout_s

@@ -34,7 +34,8 @@ def list_agents(request: Request) -> dict[str, Any]:
 
 @router.get("/{name}", response_model=Agent, dependencies=[ClientAuth])
 def get_agent(
-    name: str, request: Request,
+    name: str,
+    request: Request,
     version: Annotated[int | None, Query(ge=1, le=MAX_INT32)] = None,
 ) -> dict[str, Any]:
     """The latest version of an agent, or the one asked for."""
@@ -51,5 +52,3 @@ def get_spec(session: Any, name: str, version: int | None) -> tuple[AgentSpec, i
     if row is None:
         raise not_found(f"agent {name!r}" + (f" version {version}" if version else ""))
     return AgentSpec.model_validate(row["spec"]), row["version"]
-
-

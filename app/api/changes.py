@@ -65,8 +65,11 @@ class ChangeFeed:
     async def _listen(self) -> None:
         import psycopg
 
-        conninfo = make_url(self._db.url).set(drivername="postgresql").render_as_string(
-            hide_password=False)
+        conninfo = (
+            make_url(self._db.url)
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
+        )
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:

@@ -59,12 +59,17 @@ def _held(row: dict[str, Any]) -> bool:
 def _require(row: dict[str, Any], *allowed: TurnStatus) -> TurnStatus:
     status = TurnStatus(row["status"])
     if status.is_terminal:
-        raise Problem(409, "turn_finished", f"the turn has finished ({status.value})",
-                      turn_status=status.value)
+        raise Problem(
+            409,
+            "turn_finished",
+            f"the turn has finished ({status.value})",
+            turn_status=status.value,
+        )
     if status not in allowed:
         names = ", ".join(s.value for s in allowed)
-        raise invalid_state(status.value, f"this command needs the turn in {names}, "
-                                          f"not {status.value}")
+        raise invalid_state(
+            status.value, f"this command needs the turn in {names}, not {status.value}"
+        )
     if _held(row) and status is not TurnStatus.RUNNING:
         raise invalid_state(status.value, "a worker is resuming this turn right now")
     return status
@@ -116,15 +121,21 @@ def _retry_plan(force: bool) -> Plan:
         due = row["next_runnable_at"]
         now = datetime.now(UTC)
         if not force and due is not None and due > now:
-            raise Problem(409, "not_due", "the retry is not due yet",
-                          next_runnable_at=due.isoformat().replace("+00:00", "Z"),
-                          turn_status=row["status"])
+            raise Problem(
+                409,
+                "not_due",
+                "the retry is not due yet",
+                next_runnable_at=due.isoformat().replace("+00:00", "Z"),
+                turn_status=row["status"],
+            )
         # RETRY keeps the consecutive count, so a lasting fault cannot retry forever.
         upd = _update(row, reset=False)
         if due is not None and not force:
             metrics.retry_lag.observe(max(0.0, (now - due).total_seconds()))
-        upd.move(TurnEvent.CONTINUE if force else TurnEvent.RETRY,
-                 "resumed now (force)" if force else "retry due")
+        upd.move(
+            TurnEvent.CONTINUE if force else TurnEvent.RETRY,
+            "resumed now (force)" if force else "retry due",
+        )
         upd.values["next_runnable_at"] = None
         upd.event("retry_resumed", {"by": "api", "force": force})
         return upd, None
@@ -137,13 +148,20 @@ def _retry_model_plan(failure_id: str, model: Any) -> Plan:
         _require(row, TurnStatus.WAITING_FOR_MODEL)
         current = (row["last_error"] or {}).get("failure_id")
         if failure_id != current:
-            raise Problem(409, "stale_failure", "failure_id is not the turn's last failure",
-                          failure_id=current, turn_status=row["status"])
+            raise Problem(
+                409,
+                "stale_failure",
+                "failure_id is not the turn's last failure",
+                failure_id=current,
+                turn_status=row["status"],
+            )
         upd = _update(row)
         if model is not None:
             upd.values["model_override"] = model.model_dump(mode="json")
-        upd.move(TurnEvent.RETRY_MODEL,
-                 f"retry-model ({model.model})" if model is not None else "retry-model")
+        upd.move(
+            TurnEvent.RETRY_MODEL,
+            f"retry-model ({model.model})" if model is not None else "retry-model",
+        )
         return upd, None
 
     return plan
@@ -155,8 +173,12 @@ def _message_plan(content: str, message_id: str | None) -> Plan:
     def plan(session: Session, row: dict[str, Any]) -> tuple[TurnUpdate | None, Any]:
         status = TurnStatus(row["status"])
         if status.is_terminal:
-            raise Problem(409, "turn_finished", f"the turn has finished ({status.value})",
-                          turn_status=status.value)
+            raise Problem(
+                409,
+                "turn_finished",
+                f"the turn has finished ({status.value})",
+                turn_status=status.value,
+            )
         if store.inbox_has(session, row["id"], mid):
             return None, None  # the same message_id again: accepted once only
         upd = _update(row)
@@ -194,8 +216,15 @@ def _tool_result_plan(body: ToolResultBody) -> Plan:
         if body.error is not None:
             policy = ExecutionPolicy.model_validate(row["execution_policy"])
             text = tool_error_message(policy, call, body.error.code, sanitize(body.error.message))
-            upd.message(Message(role="tool", content=text, tool_call_id=call.id, name=call.name,
-                                meta={"error": body.error.code}))
+            upd.message(
+                Message(
+                    role="tool",
+                    content=text,
+                    tool_call_id=call.id,
+                    name=call.name,
+                    meta={"error": body.error.code},
+                )
+            )
         else:
             text = body.content if isinstance(body.content, str) else json.dumps(body.content)
             upd.message(Message(role="tool", content=text, tool_call_id=call.id, name=call.name))
@@ -215,8 +244,12 @@ def _cancel_plan(reason: str | None) -> Plan:
         if status is TurnStatus.CANCELLED:
             return None, None  # cancelling a cancelled turn answers it again
         if status.is_terminal:
-            raise Problem(409, "turn_finished", f"the turn has finished ({status.value})",
-                          turn_status=status.value)
+            raise Problem(
+                409,
+                "turn_finished",
+                f"the turn has finished ({status.value})",
+                turn_status=status.value,
+            )
         policy = ExecutionPolicy.model_validate(row["execution_policy"])
         why = reason or policy.cancellation_reason
         upd = _update(row)  # a command like the others: a step, and the consecutive count reset
@@ -242,8 +275,9 @@ Accepted = {"status_code": 202, "response_model": Turn}
 
 
 @router.post("/{turn_id}/retry", **Accepted)  # type: ignore[arg-type]
-def retry(turn_id: str, request: Request,
-          body: Annotated[RetryBody | None, Body()] = None) -> dict[str, Any]:
+def retry(
+    turn_id: str, request: Request, body: Annotated[RetryBody | None, Body()] = None
+) -> dict[str, Any]:
     """RETRY a due RETRY_SCHEDULED turn; `force` (admin) resumes it now (CONTINUE)."""
     force = bool(body and body.force)
     if force:
@@ -254,15 +288,17 @@ def retry(turn_id: str, request: Request,
 @router.post("/{turn_id}/retry-model", **Accepted)  # type: ignore[arg-type]
 def retry_model(turn_id: str, body: RetryModelBody, request: Request) -> dict[str, Any]:
     """RETRY_MODEL a WAITING_FOR_MODEL turn, optionally on another model."""
-    return _run(db_of(request), turn_id, "RETRY_MODEL",
-                _retry_model_plan(body.failure_id, body.model))
+    return _run(
+        db_of(request), turn_id, "RETRY_MODEL", _retry_model_plan(body.failure_id, body.model)
+    )
 
 
 @router.post("/{turn_id}/messages", **Accepted)  # type: ignore[arg-type]
 def post_message(turn_id: str, body: UserMessageBody, request: Request) -> dict[str, Any]:
     """A user message into the turn (queued, or resuming a waiting turn)."""
-    return _run(db_of(request), turn_id, "USER_MESSAGE",
-                _message_plan(body.content, body.message_id))
+    return _run(
+        db_of(request), turn_id, "USER_MESSAGE", _message_plan(body.content, body.message_id)
+    )
 
 
 @router.post("/{turn_id}/tool-results", **Accepted)  # type: ignore[arg-type]
@@ -273,8 +309,9 @@ def tool_results(turn_id: str, body: ToolResultBody, request: Request) -> dict[s
 
 
 @router.post("/{turn_id}/cancel", **Accepted)  # type: ignore[arg-type]
-def cancel(turn_id: str, request: Request,
-           body: Annotated[CancelBody | None, Body()] = None) -> dict[str, Any]:
+def cancel(
+    turn_id: str, request: Request, body: Annotated[CancelBody | None, Body()] = None
+) -> dict[str, Any]:
     """Cancel: at once if no worker holds the turn, else the worker aborts within 1 s."""
     return _run(db_of(request), turn_id, "CANCEL", _cancel_plan(body.reason if body else None))
 
@@ -302,15 +339,21 @@ def resume(turn_id: str, body: ResumeBody, request: Request) -> dict[str, Any]:
         raise _missing("error")
     if c is Command.TOOL_RESULT and body.content is None:
         raise _missing("content")
-    result = ToolResultBody(tool_call_id=body.tool_call_id,
-                            content=body.content if c is Command.TOOL_RESULT else None,
-                            error=body.error if c is Command.TOOL_ERROR else None)
+    result = ToolResultBody(
+        tool_call_id=body.tool_call_id,
+        content=body.content if c is Command.TOOL_RESULT else None,
+        error=body.error if c is Command.TOOL_ERROR else None,
+    )
     return _run(db, turn_id, c.value, _tool_result_plan(result))
 
 
 def _missing(field: str, what: str = "required") -> Problem:
-    return Problem(422, "validation_error", f"body.{field}: {what} for this command",
-                   errors=[{"field": f"body.{field}", "message": what}])
+    return Problem(
+        422,
+        "validation_error",
+        f"body.{field}: {what} for this command",
+        errors=[{"field": f"body.{field}", "message": what}],
+    )
 
 
 def _require_admin(request: Request) -> None:

@@ -55,8 +55,9 @@ class BodyLimit:
                 await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = problem_response(413, "payload_too_large",
-                                    f"request body larger than {self.max_bytes} bytes")
+        response = problem_response(
+            413, "payload_too_large", f"request body larger than {self.max_bytes} bytes"
+        )
         await response(scope, receive, send)
 
 
@@ -86,4 +87,5 @@ class HttpMetrics:
             method = scope["method"]
             metrics.http_requests.labels(method, template, str(status)).inc()
             metrics.http_request_duration.labels(method, template).observe(
-                time.perf_counter() - started)
+                time.perf_counter() - started
+            )

@@ -22,8 +22,10 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "next_runnable_at": {"type": "string", "format": "date-time"},
         "errors": {
             "type": "array",
-            "items": {"type": "object", "properties": {"field": {"type": "string"},
-                                                       "message": {"type": "string"}}},
+            "items": {
+                "type": "object",
+                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+            },
         },
     },
     "additionalProperties": True,
@@ -53,8 +55,12 @@ def _statuses(path: str, method: str) -> list[int]:
 
 
 def _problem(status: int) -> dict[str, Any]:
-    return {"description": _WHY[status], "content": {
-        "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+    return {
+        "description": _WHY[status],
+        "content": {
+            "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+        },
+    }
 
 
 def install(app: FastAPI) -> None:
@@ -63,8 +69,13 @@ def install(app: FastAPI) -> None:
     def build() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        doc = get_openapi(title=app.title, version=app.version, summary=app.summary,
-                          description=app.description, routes=app.routes)
+        doc = get_openapi(
+            title=app.title,
+            version=app.version,
+            summary=app.summary,
+            description=app.description,
+            routes=app.routes,
+        )
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)
@@ -75,8 +86,10 @@ def install(app: FastAPI) -> None:
                 for status in _statuses(path, method):
                     responses[str(status)] = _problem(status)
                 if "503" in responses:
-                    responses["503"] = {**_problem(500), "description": responses["503"].get(
-                        "description", "Not ready.")}
+                    responses["503"] = {
+                        **_problem(500),
+                        "description": responses["503"].get("description", "Not ready."),
+                    }
         app.openapi_schema = doc
         return doc
 

@@ -51,8 +51,9 @@ def metrics_endpoint() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/admin/turns/due", response_model=DueTurns, dependencies=[AdminAuth],
-            tags=["admin"])
+@router.get(
+    "/v1/admin/turns/due", response_model=DueTurns, dependencies=[AdminAuth], tags=["admin"]
+)
 def due_turns(
     request: Request, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> dict[str, Any]:

@@ -38,8 +38,9 @@ def invalid_state(status: str, detail: str) -> Problem:
 _REQUIRED_HEADERS = {401: {"WWW-Authenticate": "Bearer"}}
 
 
-def problem_response(status: int, code: str, detail: str,
-                     headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
+def problem_response(
+    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     body = {
         "type": f"urn:turnrunner:problem:{code}",
         "title": HTTPStatus(status).phrase,
@@ -48,8 +49,12 @@ def problem_response(status: int, code: str, detail: str,
         "code": code,
         **{k: v for k, v in extra.items() if v is not None},
     }
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON,
-                        headers={**_REQUIRED_HEADERS.get(status, {}), **(headers or {})})
+    return JSONResponse(
+        body,
+        status_code=status,
+        media_type=PROBLEM_JSON,
+        headers={**_REQUIRED_HEADERS.get(status, {}), **(headers or {})},
+    )
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -79,8 +84,9 @@ def install(app: FastAPI) -> None:
         # The database refused a value the request carried, such as a NUL character, which
         # PostgreSQL text and JSON cannot hold: the request is at fault, not the service.
         return problem_response(
-            422, "validation_error", "a value in the request cannot be stored "
-            "(for example a NUL character in a string)",
+            422,
+            "validation_error",
+            "a value in the request cannot be stored (for example a NUL character in a string)",
             errors=[{"field": "request", "message": "value cannot be stored"}],
         )
 
@@ -89,10 +95,19 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 400:
             # Starlette's answer to a body it cannot even decode (e.g. not UTF-8): to a client
             # that is the same mistake as malformed JSON.
-            return problem_response(422, "validation_error", "body: not valid UTF-8 JSON",
-                                    errors=[{"field": "body", "message": "not valid UTF-8 JSON"}])
-        code = {404: "not_found", 401: "unauthorized", 403: "forbidden",
-                413: "payload_too_large", 405: "method_not_allowed"}.get(exc.status_code, "error")
+            return problem_response(
+                422,
+                "validation_error",
+                "body: not valid UTF-8 JSON",
+                errors=[{"field": "body", "message": "not valid UTF-8 JSON"}],
+            )
+        code = {
+            404: "not_found",
+            401: "unauthorized",
+            403: "forbidden",
+            413: "payload_too_large",
+            405: "method_not_allowed",
+        }.get(exc.status_code, "error")
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         return problem_response(exc.status_code, code, detail, headers=exc.headers)  # Allow
 

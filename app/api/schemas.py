@@ -34,8 +34,9 @@ class CreateTurn(_In):
     agent: str = Field(min_length=1, max_length=200)
     agent_version: int | None = Field(None, ge=1, le=MAX_INT32)
     input: str = Field(max_length=1_000_000)
-    conversation_id: str | None = Field(None, min_length=1, max_length=200,
-                                        pattern=r"^[A-Za-z0-9_.:-]+$")
+    conversation_id: str | None = Field(
+        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$"
+    )
     execution_policy: ExecutionPolicy | None = None
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
 

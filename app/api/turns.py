@@ -58,13 +58,18 @@ def _replay(session: Any, key: str, request_hash: str) -> dict[str, Any] | None:
     if found is None:
         return None
     if found["request_hash"] != request_hash:
-        raise Problem(409, "idempotency_conflict",
-                      "this Idempotency-Key was used with a different body")
+        raise Problem(
+            409, "idempotency_conflict", "this Idempotency-Key was used with a different body"
+        )
     return store.get(session, found["turn_id"])
 
 
-@router.post("", status_code=201, response_model=Turn,
-             responses={200: {"model": Turn, "description": "Replay of an Idempotency-Key"}})
+@router.post(
+    "",
+    status_code=201,
+    response_model=Turn,
+    responses={200: {"model": Turn, "description": "Replay of an Idempotency-Key"}},
+)
 def create_turn(
     body: CreateTurn,
     request: Request,
@@ -96,9 +101,12 @@ def create_turn(
 
 
 def _busy(conversation_id: str | None) -> Problem:
-    return Problem(409, "conversation_busy",
-                   "the conversation already has a turn that has not finished",
-                   conversation_id=conversation_id)
+    return Problem(
+        409,
+        "conversation_busy",
+        "the conversation already has a turn that has not finished",
+        conversation_id=conversation_id,
+    )
 
 
 def _new_turn(session: Any, body: CreateTurn, server_default: Any) -> dict[str, Any]:
@@ -123,11 +131,23 @@ def _new_turn(session: Any, body: CreateTurn, server_default: Any) -> dict[str, 
     if spec.system_prompt:
         first.append(Message(role="system", content=spec.system_prompt))
     first.append(Message(role="user", content=body.input))
-    store.insert_turn(session, row, first, ("created", {
-        "agent": body.agent, "agent_version": version,
-        "policy_source": "turn" if body.execution_policy else
-        "agent" if spec.execution_policy else "server",
-    }))
+    store.insert_turn(
+        session,
+        row,
+        first,
+        (
+            "created",
+            {
+                "agent": body.agent,
+                "agent_version": version,
+                "policy_source": "turn"
+                if body.execution_policy
+                else "agent"
+                if spec.execution_policy
+                else "server",
+            },
+        ),
+    )
     created = store.get(session, row["id"])
     assert created is not None
     return created
@@ -141,8 +161,12 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError("cursor time without a zone")  # the store refuses naive times
         return at, str(tid)
     except (ValueError, TypeError) as e:
-        raise Problem(422, "validation_error", "cursor: not a cursor this API issued",
-                      errors=[{"field": "query.cursor", "message": "invalid cursor"}]) from e
+        raise Problem(
+            422,
+            "validation_error",
+            "cursor: not a cursor this API issued",
+            errors=[{"field": "query.cursor", "message": "invalid cursor"}],
+        ) from e
 
 
 def _encode_cursor(row: dict[str, Any]) -> str:
@@ -162,12 +186,20 @@ def list_turns(
     """Turns, newest first, filtered; follow `next_cursor` for the next page."""
     after = _decode_cursor(cursor) if cursor else None
     with db_of(request).transaction() as session:
-        rows = store.list_page(session, statuses=status, agent=agent,
-                               conversation_id=conversation_id, limit=limit + 1, after=after)
+        rows = store.list_page(
+            session,
+            statuses=status,
+            agent=agent,
+            conversation_id=conversation_id,
+            limit=limit + 1,
+            after=after,
+        )
     more = len(rows) > limit
     rows = rows[:limit]
-    return {"items": [views.turn(r) for r in rows],
-            "next_cursor": _encode_cursor(rows[-1]) if more else None}
+    return {
+        "items": [views.turn(r) for r in rows],
+        "next_cursor": _encode_cursor(rows[-1]) if more else None,
+    }
 
 
 def _read_turn(db: Database, turn_id: str) -> dict[str, Any]:
@@ -221,8 +253,11 @@ def _read_events(db: Database, turn_id: str, after: int) -> tuple[list[dict[str,
         return store.events(session, turn_id, after, EVENT_PAGE), row["status"]
 
 
-@router.get("/{turn_id}/events", response_model=EventList,
-            responses={200: {"content": {"text/event-stream": {}}}})
+@router.get(
+    "/{turn_id}/events",
+    response_model=EventList,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
 async def get_events(
     turn_id: str,
     request: Request,
@@ -234,13 +269,21 @@ async def get_events(
     items, status = await run_in_threadpool(_read_events, db, turn_id, after)
     if "text/event-stream" not in request.headers.get("accept", ""):
         return {"items": [views.event(e) for e in items]}
-    return StreamingResponse(_stream(request, db, turn_id, items, status, after),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        _stream(request, db, turn_id, items, status, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
-async def _stream(request: Request, db: Database, turn_id: str,
-                  items: list[dict[str, Any]], status: str, after: int) -> AsyncIterator[str]:
+async def _stream(
+    request: Request,
+    db: Database,
+    turn_id: str,
+    items: list[dict[str, Any]],
+    status: str,
+    after: int,
+) -> AsyncIterator[str]:
     feed: ChangeFeed = request.app.state.changes
     last = after
     async with feed.watch(turn_id) as changed:

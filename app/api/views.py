@@ -41,8 +41,12 @@ def turn(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def message(row: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"seq": row["seq"], "role": row["role"], "content": row["content"],
-                           "created_at": row["created_at"]}
+    out: dict[str, Any] = {
+        "seq": row["seq"],
+        "role": row["role"],
+        "content": row["content"],
+        "created_at": row["created_at"],
+    }
     if row["tool_calls"]:
         out["tool_calls"] = [
             {"id": c["id"], "name": c["name"], "arguments": c.get("arguments") or {}}
@@ -56,8 +60,12 @@ def message(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def event(row: dict[str, Any]) -> dict[str, Any]:
-    return {"seq": row["seq"], "type": row["type"], "data": row["data"],
-            "created_at": row["created_at"]}
+    return {
+        "seq": row["seq"],
+        "type": row["type"],
+        "data": row["data"],
+        "created_at": row["created_at"],
+    }
 
 
 def agent(row: dict[str, Any]) -> dict[str, Any]:

@@ -45,8 +45,9 @@ class Reply(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Reply:
-        given = [k for k in ("content", "tool_calls", "error", "hang_ms")
-                 if getattr(self, k) is not None]
+        given = [
+            k for k in ("content", "tool_calls", "error", "hang_ms") if getattr(self, k) is not None
+        ]
         if len(given) != 1:
             raise ValueError("a reply has exactly one of content, tool_calls, error, hang_ms")
         if self.tool_calls is not None and not self.tool_calls:

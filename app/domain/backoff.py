@@ -22,10 +22,12 @@ def retry_delay(
     rng: random.Random | None = None,
 ) -> RetryDelay:
     """Delay before retry number `attempt` (1-based): capped exponential, jitter, Retry-After."""
-    base = min(float(policy.max_delay_ms), policy.initial_delay_ms * policy.multiplier ** (attempt - 1))
+    base = min(
+        float(policy.max_delay_ms), policy.initial_delay_ms * policy.multiplier ** (attempt - 1)
+    )
     if policy.jitter > 0:
         base = (rng or random).uniform(base * (1 - policy.jitter), base)
-    computed = int(round(base))
+    computed = round(base)
     if policy.respect_retry_after and retry_after_ms is not None and retry_after_ms > computed:
         return RetryDelay(min(policy.max_delay_ms, retry_after_ms), computed, True)
     return RetryDelay(computed, computed, False)

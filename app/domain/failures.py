@@ -37,22 +37,53 @@ class Source(StrEnum):
 
 C = ErrorClass
 SOURCE_OF: dict[ErrorClass, Source] = {
-    **{c: Source.MODEL for c in (C.RATE_LIMITED, C.OVERLOADED, C.SERVER_ERROR, C.TIMEOUT,
-                                 C.CONNECTION, C.QUOTA_EXCEEDED, C.CONTEXT_LENGTH_EXCEEDED,
-                                 C.AUTH, C.BAD_REQUEST, C.INVALID_RESPONSE)},
-    **{c: Source.TOOL for c in (C.TOOL_TIMEOUT, C.TOOL_UNAVAILABLE, C.TOOL_FAILED,
-                                C.TOOL_NOT_FOUND, C.INVALID_ARGUMENTS)},
+    **{
+        c: Source.MODEL
+        for c in (
+            C.RATE_LIMITED,
+            C.OVERLOADED,
+            C.SERVER_ERROR,
+            C.TIMEOUT,
+            C.CONNECTION,
+            C.QUOTA_EXCEEDED,
+            C.CONTEXT_LENGTH_EXCEEDED,
+            C.AUTH,
+            C.BAD_REQUEST,
+            C.INVALID_RESPONSE,
+        )
+    },
+    **{
+        c: Source.TOOL
+        for c in (
+            C.TOOL_TIMEOUT,
+            C.TOOL_UNAVAILABLE,
+            C.TOOL_FAILED,
+            C.TOOL_NOT_FOUND,
+            C.INVALID_ARGUMENTS,
+        )
+    },
     C.INTERNAL: Source.RUNNER,
 }
 
 # Transient faults only; an unknown error is `internal` and never retried.
 DEFAULT_RETRYABLE = frozenset(
-    {C.RATE_LIMITED, C.OVERLOADED, C.SERVER_ERROR, C.TIMEOUT, C.CONNECTION,
-     C.TOOL_TIMEOUT, C.TOOL_UNAVAILABLE}
+    {
+        C.RATE_LIMITED,
+        C.OVERLOADED,
+        C.SERVER_ERROR,
+        C.TIMEOUT,
+        C.CONNECTION,
+        C.TOOL_TIMEOUT,
+        C.TOOL_UNAVAILABLE,
+    }
 )
 
-_QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active",
-                "quota_exceeded"}
+_QUOTA_CODES = {
+    "insufficient_quota",
+    "billing_hard_limit_reached",
+    "billing_not_active",
+    "quota_exceeded",
+}
 _CONTEXT_CODES = {"context_length_exceeded", "string_above_max_length", "context_window_exceeded"}
 _RATE_CODES = {"rate_limit_exceeded", "rate_limited", "too_many_requests"}
 _OVERLOAD_CODES = {"overloaded", "overloaded_error", "service_unavailable", "engine_overloaded"}
@@ -66,8 +97,8 @@ def classify_model_http(status: int, code: str | None, message: str | None = Non
     if codes & _QUOTA_CODES or "insufficient_quota" in text:
         return C.QUOTA_EXCEEDED
     if codes & _CONTEXT_CODES or (
-        status in (400, 413) and ("context length" in text or "context_length" in text
-                                  or "maximum context" in text)
+        status in (400, 413)
+        and ("context length" in text or "context_length" in text or "maximum context" in text)
     ):
         return C.CONTEXT_LENGTH_EXCEEDED
     if status == 429 or codes & _RATE_CODES:
@@ -126,10 +157,15 @@ class Failure:
     @classmethod
     def of(cls, error_class: ErrorClass, message: str, **kw: Any) -> Failure:
         """A failure whose source follows from its class; the message is sanitized."""
-        return cls(source=SOURCE_OF[error_class], error_class=error_class,
-                   message=sanitize(message), **kw)
+        return cls(
+            source=SOURCE_OF[error_class], error_class=error_class, message=sanitize(message), **kw
+        )
 
     def retryable(self, retry_on: frozenset[ErrorClass] | None = None) -> bool:
+        """Whether a retry may fix it; an unknown (`internal`) error never, whatever retry_on
+        says."""
+        if self.error_class is ErrorClass.INTERNAL:
+            return False
         return self.error_class in (DEFAULT_RETRYABLE if retry_on is None else retry_on)
 
     def to_json(self, retry_on: frozenset[ErrorClass] | None = None) -> dict[str, Any]:

@@ -41,8 +41,9 @@ def before_step(policy: ExecutionPolicy, c: Counters) -> LimitTrip | None:
 def before_model_call(policy: ExecutionPolicy, c: Counters) -> LimitTrip | None:
     """max_iterations, checked before every model call."""
     if c.iterations >= policy.max_iterations:
-        return _trip(TurnEvent.MAX_ITERATIONS, "max_iterations", c.iterations,
-                     policy.max_iterations)
+        return _trip(
+            TurnEvent.MAX_ITERATIONS, "max_iterations", c.iterations, policy.max_iterations
+        )
     return None
 
 

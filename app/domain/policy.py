@@ -1,9 +1,8 @@
-"""The execution policy: validated on the way in, resolved as a whole (RUNNER.md, "Execution policy")."""
+"""The execution policy: validated on the way in, resolved as a whole (RUNNER.md)."""
 
 from __future__ import annotations
 
 import re
-
 from enum import StrEnum
 from typing import Annotated
 
@@ -81,9 +80,7 @@ def render(template: str, **values: str) -> str:
 def _check_template(value: str, allowed: frozenset[str]) -> str:
     unknown = placeholders(value) - allowed
     if unknown:
-        raise ValueError(
-            f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(allowed)}"
-        )
+        raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
     return value
 
 

@@ -26,8 +26,7 @@ class ToolCall:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ToolCall:
-        return cls(data["id"], data["name"], data.get("arguments") or {},
-                   data.get("raw_arguments"))
+        return cls(data["id"], data["name"], data.get("arguments") or {}, data.get("raw_arguments"))
 
 
 @dataclass(frozen=True)
@@ -67,14 +66,20 @@ def unique_tool_call_ids(calls: list[ToolCall], taken: set[str]) -> list[ToolCal
     return out
 
 
-def closing_messages(messages: list[Message], policy: ExecutionPolicy, reason: str) -> list[Message]:
+def closing_messages(
+    messages: list[Message], policy: ExecutionPolicy, reason: str
+) -> list[Message]:
     """What closes a turn that ends other than COMPLETED: one tool message per open call, then
     one assistant message, so the next turn of the conversation never starts on a dangling call."""
     closing = [
         Message(
             role="tool",
-            content=render(policy.interrupted_tool_message_template, tool_name=call.name,
-                           tool_call_id=call.id, reason=reason),
+            content=render(
+                policy.interrupted_tool_message_template,
+                tool_name=call.name,
+                tool_call_id=call.id,
+                reason=reason,
+            ),
             tool_call_id=call.id,
             name=call.name,
             meta={"interrupted": True},
@@ -82,9 +87,11 @@ def closing_messages(messages: list[Message], policy: ExecutionPolicy, reason: s
         for call in unresolved_tool_calls(messages)
     ]
     closing.append(
-        Message(role="assistant",
-                content=render(policy.interrupted_turn_message_template, reason=reason),
-                meta={"interrupted": True})
+        Message(
+            role="assistant",
+            content=render(policy.interrupted_turn_message_template, reason=reason),
+            meta={"interrupted": True},
+        )
     )
     return closing
 
@@ -96,6 +103,10 @@ def _json_text(value: str) -> str:
 
 def tool_error_message(policy: ExecutionPolicy, call: ToolCall, code: str, message: str) -> str:
     """The `tool` message content the model sees for a tool error (already sanitized)."""
-    return render(policy.tool_error_message_template, code=_json_text(code),
-                  message=_json_text(message), tool_name=_json_text(call.name),
-                  tool_call_id=_json_text(call.id))
+    return render(
+        policy.tool_error_message_template,
+        code=_json_text(code),
+        message=_json_text(message),
+        tool_name=_json_text(call.name),
+        tool_call_id=_json_text(call.id),
+    )

@@ -35,8 +35,10 @@ class TurnUpdate:
         if after.is_terminal:
             self.values["finished_at"] = datetime.now(UTC)
             self.release_lease = True
-        self.event("status_changed", {"from": before.value, "to": after.value,
-                                      "event": event.value, "reason": reason})
+        self.event(
+            "status_changed",
+            {"from": before.value, "to": after.value, "event": event.value, "reason": reason},
+        )
         return after
 
     def event(self, type_: str, data: dict[str, Any]) -> None:
@@ -47,5 +49,10 @@ class TurnUpdate:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.values or self.messages or self.events or self.delivered_inbox
-                    or self.release_lease)
+        return not (
+            self.values
+            or self.messages
+            or self.events
+            or self.delivered_inbox
+            or self.release_lease
+        )

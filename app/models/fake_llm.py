@@ -337,4 +337,7 @@ def create_fake_llm_app() -> FastAPI:
 
 def serve(host: str, port: int) -> None:
     """Run the fake model server until interrupted."""
-    uvicorn.run(create_fake_llm_app(), host=host, port=port, log_level="info")
+    # A hanging reply must not hold up shutdown.
+    uvicorn.run(
+        create_fake_llm_app(), host=host, port=port, log_level="info", timeout_graceful_shutdown=1
+    )

@@ -22,10 +22,15 @@ class ScriptedProvider:
         if reply.error is not None:
             e = reply.error
             message = e.message or f"scripted error {e.status}"
-            raise FailureError(Failure.of(
-                classify_model_http(e.status, e.code, message), message,
-                http_status=e.status, code=e.code, retry_after_ms=e.retry_after_ms,
-            ))
+            raise FailureError(
+                Failure.of(
+                    classify_model_http(e.status, e.code, message),
+                    message,
+                    http_status=e.status,
+                    code=e.code,
+                    retry_after_ms=e.retry_after_ms,
+                )
+            )
         usage = reply.usage
         return ModelReply(
             content=reply.content,

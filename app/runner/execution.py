@@ -67,8 +67,9 @@ class Loaded:
 class Runtime:
     """What the executions of one worker share: providers, tools, the step writer."""
 
-    def __init__(self, db: Database, writer: StepWriter, tools: ToolRunner, models: ModelRegistry,
-                 owner: str) -> None:
+    def __init__(
+        self, db: Database, writer: StepWriter, tools: ToolRunner, models: ModelRegistry, owner: str
+    ) -> None:
         self.db = db
         self.writer = writer
         self.tools = tools
@@ -105,13 +106,19 @@ class TurnExecution:
         self.status = TurnStatus(row["status"])
         self.row = row
         self.policy = ExecutionPolicy.model_validate(row["execution_policy"])
-        self.model_spec = (ModelSpec.model_validate(row["model_override"])
-                           if row["model_override"] else loaded.agent.model)
+        self.model_spec = (
+            ModelSpec.model_validate(row["model_override"])
+            if row["model_override"]
+            else loaded.agent.model
+        )
         self.messages = list(loaded.messages)
         # What the model sees: the system prompt, earlier turns of the conversation, this
         # turn; kept up to date on append so a step never rebuilds it from the transcript.
-        self.context = ([m for m in self.messages if m.role == "system"] + loaded.history
-                        + [m for m in self.messages if m.role != "system"])
+        self.context = (
+            [m for m in self.messages if m.role == "system"]
+            + loaded.history
+            + [m for m in self.messages if m.role != "system"]
+        )
         self.inbox = loaded.inbox
         self.taken_ids = {c.id for m in self.messages for c in m.tool_calls}
         self.created_at: datetime = row["created_at"]
@@ -155,8 +162,9 @@ class TurnExecution:
                 upd = TurnUpdate(self.status)
             await self._loop(upd)
         except LeaseLost:
-            log.warning("lease lost; another worker owns the turn now",
-                        extra={"turn_id": self.turn_id})
+            log.warning(
+                "lease lost; another worker owns the turn now", extra={"turn_id": self.turn_id}
+            )
         except Exception as exc:  # a bug or a dead database: fail the turn if we still can
             log.exception("runner error", extra={"turn_id": self.turn_id})
             await self._fail_internal(exc)
@@ -197,8 +205,9 @@ class TurnExecution:
             try:
                 done = await self._step(upd)
             except CallCancelled:
-                return await self._end(TurnUpdate(self.status), TurnEvent.CANCEL,
-                                       await self._cancel_reason())
+                return await self._end(
+                    TurnUpdate(self.status), TurnEvent.CANCEL, await self._cancel_reason()
+                )
             if done:
                 return
             upd = TurnUpdate(self.status)
@@ -232,26 +241,34 @@ class TurnExecution:
             return True
         spec = self.model_spec
         timeout_s = self._cut_to_budget(spec.timeout_ms or DEFAULT_MODEL_TIMEOUT_MS)
-        request = ModelRequest(spec=spec, messages=list(self.context), tools=list(self.agent.tools),
-                               call_index=self.model_attempts, timeout_s=timeout_s,
-                               turn_id=self.turn_id)
+        request = ModelRequest(
+            spec=spec,
+            messages=list(self.context),
+            tools=list(self.agent.tools),
+            call_index=self.model_attempts,
+            timeout_s=timeout_s,
+            turn_id=self.turn_id,
+        )
         self.steps += 1
         self.model_attempts += 1
         started = time.monotonic()
         failure: Failure | None = None
         try:
-            reply = await self._call(self.rt.provider(spec).complete(request), timeout_s,
-                                     ErrorClass.TIMEOUT)
+            reply = await self._call(
+                self.rt.provider(spec).complete(request), timeout_s, ErrorClass.TIMEOUT
+            )
         except FailureError as e:
             failure = e.failure
         elapsed = time.monotonic() - started
         metrics.model_call_duration.labels(spec.model).observe(elapsed)
         metrics.model_calls.labels(spec.model, failure.error_class.value if failure else "ok").inc()
-        attempt: dict[str, Any] = {"attempt": self.model_attempts, "model": spec.model,
-                                   "duration_ms": int(elapsed * 1000)}
+        attempt: dict[str, Any] = {
+            "attempt": self.model_attempts,
+            "model": spec.model,
+            "duration_ms": int(elapsed * 1000),
+        }
         if failure:
-            upd.event("model_attempt", {**attempt, "outcome": "error",
-                                        **_failure_fields(failure)})
+            upd.event("model_attempt", {**attempt, "outcome": "error", **_failure_fields(failure)})
             if await self._ended_by_duration(upd, failure):
                 return True
             return await self._on_failure(upd, failure)
@@ -262,10 +279,16 @@ class TurnExecution:
         metrics.tokens.labels(spec.model, "input").inc(reply.input_tokens)
         metrics.tokens.labels(spec.model, "output").inc(reply.output_tokens)
         calls = unique_tool_call_ids(reply.tool_calls, self.taken_ids)
-        upd.event("model_attempt", {**attempt, "outcome": "ok",
-                                    "input_tokens": reply.input_tokens,
-                                    "output_tokens": reply.output_tokens,
-                                    "tool_calls": len(calls)})
+        upd.event(
+            "model_attempt",
+            {
+                **attempt,
+                "outcome": "ok",
+                "input_tokens": reply.input_tokens,
+                "output_tokens": reply.output_tokens,
+                "tool_calls": len(calls),
+            },
+        )
         self._append(upd, Message(role="assistant", content=reply.content, tool_calls=tuple(calls)))
         trip = limits.after_model_answer(self.policy, self._counters())
         if trip:
@@ -286,8 +309,9 @@ class TurnExecution:
         self.inbox = []
         for r in rows:
             upd.delivered_inbox.append(r["id"])
-            self._append(upd, Message(role="user", content=r["content"],
-                                      message_id=r["message_id"]))
+            self._append(
+                upd, Message(role="user", content=r["content"], message_id=r["message_id"])
+            )
         if rows:
             upd.event("user_message_delivered", {"count": len(rows)})
         self.inbox_pending = 0
@@ -302,33 +326,43 @@ class TurnExecution:
         if trip:
             await self._end(upd, trip.event, trip.reason)
             return True
-        timeout_s = self._cut_to_budget((spec.timeout_ms if spec else None)
-                                        or self.policy.tool_timeout_ms)
-        ctx = ToolContext(turn_id=self.turn_id, tool_call_id=call.id,
-                          idempotency_key=f"{self.turn_id}:{call.id}", timeout_s=timeout_s)
+        timeout_s = self._cut_to_budget(
+            (spec.timeout_ms if spec else None) or self.policy.tool_timeout_ms
+        )
+        ctx = ToolContext(
+            turn_id=self.turn_id,
+            tool_call_id=call.id,
+            idempotency_key=f"{self.turn_id}:{call.id}",
+            timeout_s=timeout_s,
+        )
         self.steps += 1
         started = time.monotonic()
         failure: Failure | None = None
         content = ""
         try:
-            content = await self._call(self.rt.tools.run(spec, call, ctx), timeout_s,
-                                       ErrorClass.TOOL_TIMEOUT)
+            content = await self._call(
+                self.rt.tools.run(spec, call, ctx), timeout_s, ErrorClass.TOOL_TIMEOUT
+            )
         except FailureError as e:
             failure = e.failure
         elapsed = time.monotonic() - started
         label = call.name if spec else "unknown"
         metrics.tool_call_duration.labels(label).observe(elapsed)
         metrics.tool_calls.labels(label, failure.error_class.value if failure else "ok").inc()
-        attempt: dict[str, Any] = {"tool_call_id": call.id, "tool": call.name,
-                                   "idempotency_key": ctx.idempotency_key,
-                                   "duration_ms": int(elapsed * 1000)}
+        attempt: dict[str, Any] = {
+            "tool_call_id": call.id,
+            "tool": call.name,
+            "idempotency_key": ctx.idempotency_key,
+            "duration_ms": int(elapsed * 1000),
+        }
         if failure is None or failure.error_class in _EXECUTED:
             self.tool_calls += 1
         if failure is None:
             upd.event("tool_attempt", {**attempt, "outcome": "ok"})
             self.consecutive = 0
-            self._append(upd, Message(role="tool", content=content, tool_call_id=call.id,
-                                      name=call.name))
+            self._append(
+                upd, Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
+            )
             await self._commit(upd)
             return False
         upd.event("tool_attempt", {**attempt, "outcome": "error", **_failure_fields(failure)})
@@ -338,10 +372,19 @@ class TurnExecution:
             metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
             # A tool error handed to the model is a tool result, never a retry.
             self.consecutive = 0
-            text = tool_error_message(self.policy, call, failure.code or failure.error_class.value,
-                                      failure.message)
-            self._append(upd, Message(role="tool", content=text, tool_call_id=call.id,
-                                      name=call.name, meta={"error": failure.error_class.value}))
+            text = tool_error_message(
+                self.policy, call, failure.code or failure.error_class.value, failure.message
+            )
+            self._append(
+                upd,
+                Message(
+                    role="tool",
+                    content=text,
+                    tool_call_id=call.id,
+                    name=call.name,
+                    meta={"error": failure.error_class.value},
+                ),
+            )
             await self._commit(upd)
             return False
         return await self._on_failure(upd, failure)
@@ -352,8 +395,6 @@ class TurnExecution:
         """A failed model call or (FAIL_RUN) tool call: retry, park, or fail (RUNNER.md)."""
         retry = self.policy.retry
         retry_on = retry.retryable_classes()
-        if retry_on is not None:  # unknown errors are never retried, whatever retry_on says
-            retry_on = retry_on - {ErrorClass.INTERNAL}
         metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
         upd.values["last_error"] = failure.to_json(retry_on)
         cls = failure.error_class.value
@@ -363,16 +404,26 @@ class TurnExecution:
             self.consecutive = n
             self.retry_count += 1
             upd.values["next_runnable_at"] = datetime.now(UTC) + timedelta(
-                milliseconds=delay.delay_ms)
-            upd.event("retry_scheduled", {
-                "retry": n, "max_retries": retry.max_retries, "error_class": cls,
-                "source": failure.source.value, "delay_ms": delay.delay_ms,
-                "computed_delay_ms": delay.computed_ms, "retry_after_ms": failure.retry_after_ms,
-                "retry_after_honoured": delay.retry_after_honoured,
-            })
+                milliseconds=delay.delay_ms
+            )
+            upd.event(
+                "retry_scheduled",
+                {
+                    "retry": n,
+                    "max_retries": retry.max_retries,
+                    "error_class": cls,
+                    "source": failure.source.value,
+                    "delay_ms": delay.delay_ms,
+                    "computed_delay_ms": delay.computed_ms,
+                    "retry_after_ms": failure.retry_after_ms,
+                    "retry_after_honoured": delay.retry_after_honoured,
+                },
+            )
             metrics.retries_scheduled.labels(failure.source.value, cls).inc()
-            upd.move(TurnEvent.SCHEDULE_RETRY,
-                     f"{cls}: retry {n}/{retry.max_retries} in {delay.delay_ms} ms")
+            upd.move(
+                TurnEvent.SCHEDULE_RETRY,
+                f"{cls}: retry {n}/{retry.max_retries} in {delay.delay_ms} ms",
+            )
             upd.release_lease = True
             await self._commit(upd)
             return True
@@ -416,8 +467,10 @@ class TurnExecution:
                 return
             await self._end(upd, TurnEvent.FAIL, f"internal: {failure.message}")
         except Exception:
-            log.exception("could not record the failure; the lease will expire",
-                          extra={"turn_id": self.turn_id})
+            log.exception(
+                "could not record the failure; the lease will expire",
+                extra={"turn_id": self.turn_id},
+            )
 
     async def _commit_and_release(self, upd: TurnUpdate) -> None:
         upd.release_lease = True
@@ -435,7 +488,8 @@ class TurnExecution:
             return await task
         except TimeoutError:
             raise FailureError(
-                Failure.of(timeout_class, f"no answer within {timeout_s:.3f} s")) from None
+                Failure.of(timeout_class, f"no answer within {timeout_s:.3f} s")
+            ) from None
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -450,8 +504,9 @@ class TurnExecution:
         self.context.append(m)
 
     def _counters(self) -> Counters:
-        return Counters(self.iterations, self.steps, self.tool_calls, self.input_tokens,
-                        self.output_tokens)
+        return Counters(
+            self.iterations, self.steps, self.tool_calls, self.input_tokens, self.output_tokens
+        )
 
     def _elapsed_ms(self) -> int:
         return int((datetime.now(UTC) - self.created_at).total_seconds() * 1000)
@@ -471,14 +526,31 @@ class TurnExecution:
 
     async def _commit(self, upd: TurnUpdate) -> None:
         upd.values.update(
-            iterations=self.iterations, steps=self.steps, tool_calls=self.tool_calls,
-            model_attempts=self.model_attempts, input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens, retry_count=self.retry_count,
+            iterations=self.iterations,
+            steps=self.steps,
+            tool_calls=self.tool_calls,
+            model_attempts=self.model_attempts,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            retry_count=self.retry_count,
             consecutive_retry_count=self.consecutive,
         )
         applied = await self.rt.writer.write(self.turn_id, self.token, upd)
         if not applied.ok:
             raise LeaseLost()
+        if upd.status is not self.status and upd.status is not TurnStatus.RUNNING:
+            error = upd.values.get("last_error") or {}
+            log.info(
+                "turn %s",
+                upd.status.value.lower(),
+                extra={
+                    "turn_id": self.turn_id,
+                    "agent": self.agent_label,
+                    "status": upd.status.value,
+                    "reason": upd.values.get("status_reason"),
+                    "error_class": error.get("error_class"),
+                },
+            )
         self.status = upd.status
         if applied.cancel_requested and not self.cancel_requested:
             self.request_cancel(applied.cancel_reason)
@@ -486,6 +558,11 @@ class TurnExecution:
 
 
 def _failure_fields(f: Failure) -> dict[str, Any]:
-    return {"error_class": f.error_class.value, "http_status": f.http_status, "code": f.code,
-            "retry_after_ms": f.retry_after_ms, "message": f.message,
-            "failure_id": f.failure_id}
+    return {
+        "error_class": f.error_class.value,
+        "http_status": f.http_status,
+        "code": f.code,
+        "retry_after_ms": f.retry_after_ms,
+        "message": f.message,
+        "failure_id": f.failure_id,
+    }

@@ -66,11 +66,10 @@ class StepWriter:
 
     def _commit(self, batch: list[_Pending]) -> list[Applied]:
         with self._db.transaction() as session:
-            results = writer.apply_updates(
-                session, [(p.turn_id, p.fence, p.update) for p in batch]
+            results = writer.apply_updates(session, [(p.turn_id, p.fence, p.update) for p in batch])
+            notify_many(
+                session, CHANGED, [p.turn_id for p, r in zip(batch, results, strict=True) if r.ok]
             )
-            notify_many(session, CHANGED,
-                        [p.turn_id for p, r in zip(batch, results, strict=True) if r.ok])
         metrics.steps_committed.inc(sum(1 for r in results if r.ok))
         metrics.step_batch_size.observe(len(batch))
         return results

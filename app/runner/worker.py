@@ -131,8 +131,9 @@ class Worker:
 
     def _claim(self, limit: int) -> list[Loaded]:
         with self.db.transaction() as session:
-            rows = claims.claim(session, self.owner, limit, self.lease_ttl,
-                                self.settings.scheduler_enabled)
+            rows = claims.claim(
+                session, self.owner, limit, self.lease_ttl, self.settings.scheduler_enabled
+            )
             return [self._load(session, row) for row in rows]
 
     def _load(self, session: Any, row: dict[str, Any]) -> Loaded:
@@ -143,8 +144,11 @@ class Worker:
             assert agent_row is not None, f"turn {row['id']} names a missing agent {key}"
             agent = self._agents[key] = AgentSpec.model_validate(agent_row["spec"])
         messages = turns_store.transcript(session, row["id"])
-        history = (turns_store.conversation_history(session, row["conversation_id"], row["id"])
-                   if row["conversation_id"] else [])
+        history = (
+            turns_store.conversation_history(session, row["conversation_id"], row["id"])
+            if row["conversation_id"]
+            else []
+        )
         inbox = turns_store.undelivered_inbox(session, row["id"]) if row["inbox_pending"] else []
         return Loaded(row, agent, messages, history, inbox)
 
@@ -202,8 +206,9 @@ class Worker:
         """LISTEN for wake and cancel hints; reconnects, since polling covers any gap."""
         import psycopg
 
-        conninfo = make_url(self.db.url).set(drivername="postgresql").render_as_string(
-            hide_password=False)
+        conninfo = (
+            make_url(self.db.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:

@@ -23,7 +23,8 @@ _TERMINAL = [s.value for s in TERMINAL]
 def _runnable(now: datetime, scheduler: bool) -> Any:
     due_retry = (
         and_(turns.c.status == TurnStatus.RETRY_SCHEDULED.value, turns.c.next_runnable_at <= now)
-        if scheduler else false()
+        if scheduler
+        else false()
     )
     return and_(
         or_(turns.c.lease_expires_at.is_(None), turns.c.lease_expires_at < now),
@@ -35,8 +36,9 @@ def _runnable(now: datetime, scheduler: bool) -> Any:
     )
 
 
-def claim(session: Session, owner: str, limit: int, lease_ttl: timedelta,
-          scheduler: bool) -> list[dict[str, Any]]:
+def claim(
+    session: Session, owner: str, limit: int, lease_ttl: timedelta, scheduler: bool
+) -> list[dict[str, Any]]:
     """Lease up to `limit` runnable turns to `owner`. The status is left as it was: the
     worker's first step moves it (through the transition table, with its event)."""
     if limit <= 0:
@@ -90,8 +92,9 @@ def release(session: Session, turn_id: str, token: str) -> None:
 def cancel_flagged(session: Session, owner: str) -> dict[str, str | None]:
     """Turns `owner` holds whose cancel was requested, with the reason given."""
     rows = session.execute(
-        select(turns.c.id, turns.c.cancel_reason)
-        .where(turns.c.lease_owner == owner, turns.c.cancel_requested)
+        select(turns.c.id, turns.c.cancel_reason).where(
+            turns.c.lease_owner == owner, turns.c.cancel_requested
+        )
     )
     return {turn_id: reason for turn_id, reason in rows}
 
@@ -100,8 +103,9 @@ def due_retries(session: Session, limit: int) -> list[dict[str, Any]]:
     """RETRY_SCHEDULED turns whose time has come, oldest due first."""
     q = (
         select(turns)
-        .where(turns.c.status == TurnStatus.RETRY_SCHEDULED.value,
-               turns.c.next_runnable_at <= utcnow())
+        .where(
+            turns.c.status == TurnStatus.RETRY_SCHEDULED.value, turns.c.next_runnable_at <= utcnow()
+        )
         .order_by(turns.c.next_runnable_at)
         .limit(limit)
     )

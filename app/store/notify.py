@@ -8,7 +8,7 @@ from collections.abc import Callable
 from sqlalchemy import event, func, select, text
 from sqlalchemy.orm import Session
 
-WAKE = "turnrunner_wake"      # a turn became runnable
+WAKE = "turnrunner_wake"  # a turn became runnable
 CANCEL = "turnrunner_cancel"  # payload: the turn id whose cancel was requested
 CHANGED = "turnrunner_changed"  # payload: the turn id that changed (long-poll, SSE)
 

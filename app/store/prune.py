@@ -29,12 +29,16 @@ def prune(db: Database, older_than: timedelta, batch: int = 500) -> int:
     total = 0
     while True:
         with db.transaction() as session:
-            ids = list(session.execute(
-                select(turns.c.id)
-                .where(turns.c.status.in_([s.value for s in TERMINAL]),
-                       turns.c.finished_at < cutoff)
-                .limit(batch)
-            ).scalars())
+            ids = list(
+                session.execute(
+                    select(turns.c.id)
+                    .where(
+                        turns.c.status.in_([s.value for s in TERMINAL]),
+                        turns.c.finished_at < cutoff,
+                    )
+                    .limit(batch)
+                ).scalars()
+            )
             if not ids:
                 return total
             # Children first: SQLite enforces foreign keys but not every build cascades.

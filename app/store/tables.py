@@ -88,14 +88,27 @@ turns = Table(
     Index("ix_turns_status_created", "status", "created_at"),
     Index("ix_turns_conversation_created", "conversation_id", "created_at"),
     # The runnable set: claims scan only live turns.
-    Index("ix_turns_runnable", "status", "next_runnable_at",
-          postgresql_where=text(_runnable), sqlite_where=text(_runnable)),
-    Index("ix_turns_lease_owner", "lease_owner",
-          postgresql_where=text("lease_owner IS NOT NULL"),
-          sqlite_where=text("lease_owner IS NOT NULL")),
+    Index(
+        "ix_turns_runnable",
+        "status",
+        "next_runnable_at",
+        postgresql_where=text(_runnable),
+        sqlite_where=text(_runnable),
+    ),
+    Index(
+        "ix_turns_lease_owner",
+        "lease_owner",
+        postgresql_where=text("lease_owner IS NOT NULL"),
+        sqlite_where=text("lease_owner IS NOT NULL"),
+    ),
     # At most one non-terminal turn per conversation, kept by the database, not by Python.
-    Index("uq_turns_active_conversation", "conversation_id", unique=True,
-          postgresql_where=text(_non_terminal), sqlite_where=text(_non_terminal)),
+    Index(
+        "uq_turns_active_conversation",
+        "conversation_id",
+        unique=True,
+        postgresql_where=text(_non_terminal),
+        sqlite_where=text(_non_terminal),
+    ),
 )
 
 turn_messages = Table(
@@ -134,9 +147,12 @@ turn_inbox = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("delivered_at", UTCDateTime),
     UniqueConstraint("turn_id", "message_id"),
-    Index("ix_turn_inbox_undelivered", "turn_id",
-          postgresql_where=text("delivered_at IS NULL"),
-          sqlite_where=text("delivered_at IS NULL")),
+    Index(
+        "ix_turn_inbox_undelivered",
+        "turn_id",
+        postgresql_where=text("delivered_at IS NULL"),
+        sqlite_where=text("delivered_at IS NULL"),
+    ),
 )
 
 idempotency_keys = Table(

@@ -1,4 +1,5 @@
-"""Portable column types: UTC timestamps that refuse naive datetimes, JSON that is JSONB on PostgreSQL."""
+"""Portable column types: UTC timestamps refusing naive datetimes; JSON that is JSONB on
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -30,9 +31,8 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        parsed: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 def utcnow() -> datetime:

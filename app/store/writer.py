@@ -55,7 +55,9 @@ def storable(value: Any) -> Any:
     return value
 
 
-def message_row(turn_id: str, conversation_id: str, seq: int, m: Message, now: Any) -> dict[str, Any]:
+def message_row(
+    turn_id: str, conversation_id: str, seq: int, m: Message, now: Any
+) -> dict[str, Any]:
     return {
         "turn_id": turn_id,
         "seq": seq,
@@ -83,9 +85,18 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
     current = {
         r.id: dict(r._mapping)
         for r in session.execute(
-            select(turns.c.id, turns.c.version, turns.c.lease_token, turns.c.message_count,
-                   turns.c.event_count, turns.c.cancel_requested, turns.c.cancel_reason,
-                   turns.c.inbox_pending, turns.c.conversation_id, turns.c.agent_name)
+            select(
+                turns.c.id,
+                turns.c.version,
+                turns.c.lease_token,
+                turns.c.message_count,
+                turns.c.event_count,
+                turns.c.cancel_requested,
+                turns.c.cancel_reason,
+                turns.c.inbox_pending,
+                turns.c.conversation_id,
+                turns.c.agent_name,
+            )
             .where(turns.c.id.in_(ids))
             .with_for_update()
         )
@@ -105,15 +116,24 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
         event_count = row["event_count"] + len(upd.events)
         inbox_pending = row["inbox_pending"] - len(upd.delivered_inbox)
         version = row["version"] + 1
-        values = {**storable(upd.values), "updated_at": now, "version": version,
-                  "message_count": message_count, "event_count": event_count,
-                  "inbox_pending": inbox_pending}
+        values = {
+            **storable(upd.values),
+            "updated_at": now,
+            "version": version,
+            "message_count": message_count,
+            "event_count": event_count,
+            "inbox_pending": inbox_pending,
+        }
         if upd.release_lease:
             values.update(lease_owner=None, lease_token=None, lease_expires_at=None)
         by_shape[tuple(sorted(values))].append({**values, "b_id": turn_id})
         # Rows that follow in the same batch see this write (a turn may appear twice).
-        row.update(version=version, message_count=message_count, event_count=event_count,
-                   inbox_pending=inbox_pending)
+        row.update(
+            version=version,
+            message_count=message_count,
+            event_count=event_count,
+            inbox_pending=inbox_pending,
+        )
         if upd.release_lease:
             row["lease_token"] = None
         message_rows.extend(
@@ -121,15 +141,21 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
             for i, m in enumerate(upd.messages)
         )
         event_rows.extend(
-            {"turn_id": turn_id, "seq": first_event + i, "type": t, "data": storable(d),
-             "created_at": now}
+            {
+                "turn_id": turn_id,
+                "seq": first_event + i,
+                "type": t,
+                "data": storable(d),
+                "created_at": now,
+            }
             for i, (t, d) in enumerate(upd.events)
         )
         delivered.extend(upd.delivered_inbox)
         if "status" in upd.values and upd.status.is_terminal:
             metrics.turns_finished.labels(row["agent_name"], upd.status.value).inc()
-        results.append(Applied(True, version, row["cancel_requested"], row["cancel_reason"],
-                               inbox_pending))
+        results.append(
+            Applied(True, version, row["cancel_requested"], row["cancel_reason"], inbox_pending)
+        )
     for params in by_shape.values():
         session.execute(_UPDATE_BY_ID, params)
     if message_rows:

@@ -32,8 +32,14 @@ from app.store.migrate import upgrade
 from tests.conftest import PG_ADMIN_URL, PG_ENABLED, free_port, run_process, wait_http
 from tests.toolserver import start_tool_server
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "MAX_ITERATIONS_REACHED", "MAX_STEPS_REACHED",
-            "BUDGET_EXCEEDED"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "MAX_ITERATIONS_REACHED",
+    "MAX_STEPS_REACHED",
+    "BUDGET_EXCEEDED",
+}
 
 # Fast polling for every process these tests start; the rest comes from each test.
 BASE_ENV = {
@@ -60,9 +66,15 @@ class Api:
 
     # agents and turns
 
-    def create_agent(self, name: str, model: dict[str, Any], *,
-                     tools: list[dict[str, Any]] | None = None,
-                     policy: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    def create_agent(
+        self,
+        name: str,
+        model: dict[str, Any],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        policy: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"name": name, "model": model, "tools": tools or [], **extra}
         if policy is not None:
             body["execution_policy"] = policy
@@ -92,32 +104,45 @@ class Api:
         assert r.status_code == 200, r.text
         return r.json()["items"]  # type: ignore[no-any-return]
 
-    def command(self, turn_id: str, name: str, body: dict[str, Any] | None = None,
-                expect: int = 202) -> dict[str, Any]:
+    def command(
+        self, turn_id: str, name: str, body: dict[str, Any] | None = None, expect: int = 202
+    ) -> dict[str, Any]:
         r = self.http.post(f"/v1/turns/{turn_id}/{name}", json=body)
         assert r.status_code == expect, r.text
         return r.json()  # type: ignore[no-any-return]
 
     # waiting: long-poll on the turn's version, never sleep-and-hope
 
-    def wait(self, turn_id: str, pred: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0,
-             what: str = "the condition") -> dict[str, Any]:
+    def wait(
+        self,
+        turn_id: str,
+        pred: Callable[[dict[str, Any]], bool],
+        timeout_s: float = 30.0,
+        what: str = "the condition",
+    ) -> dict[str, Any]:
         """Long-poll the turn until `pred(turn)` holds; fail with its last state otherwise."""
         deadline = time.monotonic() + timeout_s
         turn = self.turn(turn_id)
         while not pred(turn):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"turn {turn_id} never reached {what} in {timeout_s} s; "
-                                     f"last: {turn}")
-            r = self.http.get(f"/v1/turns/{turn_id}", params={
-                "wait_ms": int(min(left, 5.0) * 1000) + 1, "after_version": turn["version"]})
+                raise AssertionError(
+                    f"turn {turn_id} never reached {what} in {timeout_s} s; last: {turn}"
+                )
+            r = self.http.get(
+                f"/v1/turns/{turn_id}",
+                params={
+                    "wait_ms": int(min(left, 5.0) * 1000) + 1,
+                    "after_version": turn["version"],
+                },
+            )
             assert r.status_code == 200, r.text
             turn = r.json()
         return turn
 
-    def wait_status(self, turn_id: str, statuses: str | set[str],
-                    timeout_s: float = 30.0) -> dict[str, Any]:
+    def wait_status(
+        self, turn_id: str, statuses: str | set[str], timeout_s: float = 30.0
+    ) -> dict[str, Any]:
         wanted = {statuses} if isinstance(statuses, str) else statuses
         return self.wait(turn_id, lambda t: t["status"] in wanted, timeout_s, str(sorted(wanted)))
 
@@ -193,8 +218,10 @@ def model() -> str:
 
 @pytest.fixture(scope="session")
 def tool_server() -> Iterator[ToolServer]:
-    with start_tool_server() as (base_url, _proc), \
-            httpx.Client(base_url=base_url, timeout=10.0) as http:
+    with (
+        start_tool_server() as (base_url, _proc),
+        httpx.Client(base_url=base_url, timeout=10.0) as http,
+    ):
         yield ToolServer(base_url, http)
 
 
@@ -204,8 +231,10 @@ def own_database() -> Iterator[str]:
     if not PG_ENABLED:
         pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
     name = f"turnrunner_e2e_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
-                          isolation_level="AUTOCOMMIT")
+    admin = create_engine(
+        PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
+        isolation_level="AUTOCOMMIT",
+    )
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = admin.url.set(database=name).render_as_string(hide_password=False)
@@ -266,9 +295,14 @@ class Launcher:
 
     def api(self, name: str = "api", **env: str) -> Api:
         port = free_port()
-        self.stack.enter_context(run_process(
-            ["api", "--port", str(port)], self.env(**env), self._log(name),
-            f"http://127.0.0.1:{port}/healthz"))
+        self.stack.enter_context(
+            run_process(
+                ["api", "--port", str(port)],
+                self.env(**env),
+                self._log(name),
+                f"http://127.0.0.1:{port}/healthz",
+            )
+        )
         api = Api(f"http://127.0.0.1:{port}")
         self.stack.callback(api.close)
         return api
@@ -276,21 +310,31 @@ class Launcher:
     def serve(self, name: str = "serve", **env: str) -> Api:
         """`turnrunner serve` (API and worker in one process) on this launcher's database."""
         port = free_port()
-        self.stack.enter_context(run_process(
-            ["serve", "--port", str(port)], self.env(**env), self._log(name),
-            f"http://127.0.0.1:{port}/readyz"))
+        self.stack.enter_context(
+            run_process(
+                ["serve", "--port", str(port)],
+                self.env(**env),
+                self._log(name),
+                f"http://127.0.0.1:{port}/readyz",
+            )
+        )
         api = Api(f"http://127.0.0.1:{port}")
         self.stack.callback(api.close)
         return api
 
-    def worker(self, name: str = "worker", *args: str, wait: bool = True,
-               **env: str) -> WorkerProcess:
+    def worker(
+        self, name: str = "worker", *args: str, wait: bool = True, **env: str
+    ) -> WorkerProcess:
         """A worker process; with `wait`, returns once its metrics endpoint answers."""
         port = free_port()
         log = self._log(name)
-        proc = self.stack.enter_context(run_process(
-            ["worker", "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *args],
-            self.env(**env), log))
+        proc = self.stack.enter_context(
+            run_process(
+                ["worker", "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *args],
+                self.env(**env),
+                log,
+            )
+        )
         worker = WorkerProcess(proc, f"http://127.0.0.1:{port}/metrics", log)
         if wait:
             worker.wait_ready()
@@ -316,8 +360,7 @@ def _failed(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture
-def launch(postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest
-           ) -> Iterator[Launcher]:
+def launch(postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Launcher]:
     """Processes of the test's own on an empty migrated PostgreSQL database."""
     with contextlib.ExitStack() as stack:
         launcher = Launcher(postgres_url, tmp_path, stack)

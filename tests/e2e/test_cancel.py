@@ -40,8 +40,10 @@ def test_cancel_during_hanging_model_call(stack: Api, fake: FakeLLM, model: str)
     # Fine-grained long-poll: each change of the turn wakes us at once.
     turn_now = flagged
     while turn_now["status"] != "CANCELLED" and time.monotonic() - answered < 5.0:
-        turn_now = stack.http.get(f"/v1/turns/{turn['id']}", params={
-            "wait_ms": 1000, "after_version": turn_now["version"]}).json()
+        turn_now = stack.http.get(
+            f"/v1/turns/{turn['id']}",
+            params={"wait_ms": 1000, "after_version": turn_now["version"]},
+        ).json()
     elapsed = time.monotonic() - answered
     assert turn_now["status"] == "CANCELLED", turn_now
     assert elapsed < 1.0, f"cancelled {elapsed:.3f} s after the cancel command answered"
@@ -54,7 +56,9 @@ def test_cancel_during_hanging_model_call(stack: Api, fake: FakeLLM, model: str)
     events = stack.events(turn["id"])
     assert len(_of(events, "cancelled")) == 1
     assert [(d["from"], d["to"]) for d in _of(events, "status_changed")] == [
-        ("READY", "RUNNING"), ("RUNNING", "CANCELLED")]
+        ("READY", "RUNNING"),
+        ("RUNNING", "CANCELLED"),
+    ]
     assert [d["command"] for d in _of(events, "command")] == ["CANCEL"]
     assert fake.requests(model) == 1
 
@@ -64,10 +68,9 @@ def test_cancel_during_hanging_model_call(stack: Api, fake: FakeLLM, model: str)
     assert len(stack.messages(turn["id"])) == 3
 
 
-def test_cancel_during_retry_scheduled_never_resumes(stack: Api, fake: FakeLLM,
-                                                    model: str) -> None:
+def test_cancel_during_retry_scheduled_never_resumes(stack: Api, fake: FakeLLM, model: str) -> None:
     fake.script(model, {"error": {"status": 503}}, {"content": "must never be reached"})
-    policy = {"retry": {"max_retries": 3, "initial_delay_ms": 1000}}
+    policy = {"retry": {"max_retries": 3, "initial_delay_ms": 2000}}
     stack.create_agent(model, fake.spec(model), policy=policy)
     turn = stack.create_turn(model, "go")
     scheduled = stack.wait_status(turn["id"], "RETRY_SCHEDULED")

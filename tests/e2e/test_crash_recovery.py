@@ -16,18 +16,28 @@ LEASE_TTL_MS = "1500"
 
 
 def _agent(api: Api, name: str, tools: ToolServer, slow_ms: int) -> None:
-    slow = {"name": "slow", "description": "slow", "kind": "http",
-            "url": tools.url(f"/slow?ms={slow_ms}"), "timeout_ms": 20_000,
-            "parameters": {"type": "object", "properties": {"order": {"type": "string"}}}}
-    model = {"provider": "scripted", "model": "script", "script": [
-        {"tool_calls": [{"name": "slow", "arguments": {"order": "A-17"}}]},
-        {"content": "refund done"},
-    ]}
+    slow = {
+        "name": "slow",
+        "description": "slow",
+        "kind": "http",
+        "url": tools.url(f"/slow?ms={slow_ms}"),
+        "timeout_ms": 20_000,
+        "parameters": {"type": "object", "properties": {"order": {"type": "string"}}},
+    }
+    model = {
+        "provider": "scripted",
+        "model": "script",
+        "script": [
+            {"tool_calls": [{"name": "slow", "arguments": {"order": "A-17"}}]},
+            {"content": "refund done"},
+        ],
+    }
     api.create_agent(name, model, tools=[slow])
 
 
-def _wait_tool_requests(tools: ToolServer, turn_id: str, n: int,
-                        timeout_s: float = 20.0) -> list[dict[str, Any]]:
+def _wait_tool_requests(
+    tools: ToolServer, turn_id: str, n: int, timeout_s: float = 20.0
+) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     while len(seen := tools.requests(turn_id)) < n:
         assert time.monotonic() < deadline, f"the tool server saw {len(seen)} of {n} requests"
@@ -35,14 +45,16 @@ def _wait_tool_requests(tools: ToolServer, turn_id: str, n: int,
     return seen
 
 
-def _holder(launch: Launcher, turn_id: str,
-            workers: list[WorkerProcess]) -> tuple[WorkerProcess, WorkerProcess]:
+def _holder(
+    launch: Launcher, turn_id: str, workers: list[WorkerProcess]
+) -> tuple[WorkerProcess, WorkerProcess]:
     """(the worker whose lease the turn is under, the other one), read from the database."""
     engine = create_engine(launch.db_url)
     try:
         with engine.connect() as conn:
-            owner = conn.execute(text("SELECT lease_owner FROM turns WHERE id = :id"),
-                                 {"id": turn_id}).scalar_one()
+            owner = conn.execute(
+                text("SELECT lease_owner FROM turns WHERE id = :id"), {"id": turn_id}
+            ).scalar_one()
     finally:
         engine.dispose()
     assert owner, "nobody holds the turn"
@@ -53,8 +65,10 @@ def _holder(launch: Launcher, turn_id: str,
 
 def _start_two(launch: Launcher) -> list[WorkerProcess]:
     """Two idle workers, both up before any turn exists (so no start-up race decides)."""
-    workers = [launch.worker(name, wait=False, TURNRUNNER_LEASE_TTL_MS=LEASE_TTL_MS)
-               for name in ("worker-a", "worker-b")]
+    workers = [
+        launch.worker(name, wait=False, TURNRUNNER_LEASE_TTL_MS=LEASE_TTL_MS)
+        for name in ("worker-a", "worker-b")
+    ]
     for w in workers:
         w.wait_ready()
     return workers
@@ -71,14 +85,16 @@ def _assert_recorded_once(api: Api, turn_id: str) -> list[dict[str, Any]]:
     attempts = [e["data"]["attempt"] for e in events if e["type"] == "model_attempt"]
     assert attempts == [1, 2]
     assert [e["data"]["outcome"] for e in events if e["type"] == "tool_attempt"] == ["ok"]
-    completed = [e for e in events
-                 if e["type"] == "status_changed" and e["data"]["to"] == "COMPLETED"]
+    completed = [
+        e for e in events if e["type"] == "status_changed" and e["data"]["to"] == "COMPLETED"
+    ]
     assert len(completed) == 1
     return events
 
 
-def test_sigkilled_worker_turn_is_finished_by_another(launch: Launcher,
-                                                      tool_server: ToolServer) -> None:
+def test_sigkilled_worker_turn_is_finished_by_another(
+    launch: Launcher, tool_server: ToolServer
+) -> None:
     api = launch.api()
     workers = _start_two(launch)
     _agent(api, "refunds", tool_server, slow_ms=2000)
@@ -107,17 +123,22 @@ def test_sigkilled_worker_turn_is_finished_by_another(launch: Launcher,
     call_id = api.messages(turn_id)[1]["tool_calls"][0]["id"]
     key = f"{turn_id}:{call_id}"
     assert [r["idempotency_key"] for r in runs] == [key, key]
-    assert seen_first["body"] == runs[1]["body"] == {
-        "turn_id": turn_id, "tool_call_id": call_id, "arguments": {"order": "A-17"}}
+    assert (
+        seen_first["body"]
+        == runs[1]["body"]
+        == {"turn_id": turn_id, "tool_call_id": call_id, "arguments": {"order": "A-17"}}
+    )
     claimed = [e["data"]["worker"] for e in events if e["type"] == "claimed"]
     assert len(claimed) == 1 and f":{second.proc.pid}:" in claimed[0]
     assert done["counters"]["tool_calls"] == 1 and done["counters"]["iterations"] == 2
-    assert second.metric("turnrunner_turns_finished_total",
-                         agent="refunds", status="COMPLETED") == 1
+    assert (
+        second.metric("turnrunner_turns_finished_total", agent="refunds", status="COMPLETED") == 1
+    )
 
 
-def test_sigterm_finishes_the_step_and_hands_the_turn_over(launch: Launcher,
-                                                           tool_server: ToolServer) -> None:
+def test_sigterm_finishes_the_step_and_hands_the_turn_over(
+    launch: Launcher, tool_server: ToolServer
+) -> None:
     api = launch.api()
     workers = _start_two(launch)
     _agent(api, "refunds", tool_server, slow_ms=3000)
@@ -145,5 +166,6 @@ def test_sigterm_finishes_the_step_and_hands_the_turn_over(launch: Launcher,
     claimed = [e["data"]["worker"] for e in events if e["type"] == "claimed"]
     assert len(claimed) == 1 and f":{second.proc.pid}:" in claimed[0]
     assert run["idempotency_key"] == f"{turn_id}:{api.messages(turn_id)[2]['tool_call_id']}"
-    assert second.metric("turnrunner_turns_finished_total",
-                         agent="refunds", status="COMPLETED") == 1
+    assert (
+        second.metric("turnrunner_turns_finished_total", agent="refunds", status="COMPLETED") == 1
+    )

@@ -27,14 +27,24 @@ def test_serve_runs_the_demo_agent_to_completion(tmp_path: Path) -> None:
             assert done["status"] == "COMPLETED", done
             assert done["output"] == ANSWER
             assert done["last_error"] is None
-            assert done["counters"] == {"iterations": 2, "steps": 3, "tool_calls": 1,
-                                        "input_tokens": 52, "output_tokens": 14,
-                                        "total_tokens": 66}
+            assert done["counters"] == {
+                "iterations": 2,
+                "steps": 3,
+                "tool_calls": 1,
+                "input_tokens": 52,
+                "output_tokens": 14,
+                "total_tokens": 66,
+            }
             assert done["retry_count"] == 0 and done["finished_at"] is not None
 
             messages = api.messages(turn["id"])
-            assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool",
-                                                     "assistant"]
+            assert [m["role"] for m in messages] == [
+                "system",
+                "user",
+                "assistant",
+                "tool",
+                "assistant",
+            ]
             assert [m["seq"] for m in messages] == [1, 2, 3, 4, 5]
             assert messages[1]["content"] == "What is 6 times 7?"
             (call,) = messages[2]["tool_calls"]
@@ -49,13 +59,17 @@ def test_serve_runs_the_demo_agent_to_completion(tmp_path: Path) -> None:
             assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
             assert events[0]["type"] == "created"
             assert events[0]["data"]["agent"] == "demo"
-            moves = [(e["data"]["from"], e["data"]["to"]) for e in events
-                     if e["type"] == "status_changed"]
-            assert moves == [("READY", "RUNNING"), ("RUNNING", "RUNNING"),
-                             ("RUNNING", "COMPLETED")]
+            moves = [
+                (e["data"]["from"], e["data"]["to"])
+                for e in events
+                if e["type"] == "status_changed"
+            ]
+            assert moves == [("READY", "RUNNING"), ("RUNNING", "RUNNING"), ("RUNNING", "COMPLETED")]
             models = [e["data"] for e in events if e["type"] == "model_attempt"]
             assert [(m["attempt"], m["outcome"], m["model"]) for m in models] == [
-                (1, "ok", "demo-script"), (2, "ok", "demo-script")]
+                (1, "ok", "demo-script"),
+                (2, "ok", "demo-script"),
+            ]
             assert [m["tool_calls"] for m in models] == [1, 0]
             tools = [e["data"] for e in events if e["type"] == "tool_attempt"]
             assert len(tools) == 1
@@ -63,8 +77,15 @@ def test_serve_runs_the_demo_agent_to_completion(tmp_path: Path) -> None:
             assert tools[0]["idempotency_key"] == f"{turn['id']}:{call['id']}"
             # The order of the log is the order things happened in.
             kinds = [e["type"] for e in events]
-            assert kinds == ["created", "status_changed", "model_attempt", "status_changed",
-                             "tool_attempt", "model_attempt", "status_changed"]
+            assert kinds == [
+                "created",
+                "status_changed",
+                "model_attempt",
+                "status_changed",
+                "tool_attempt",
+                "model_attempt",
+                "status_changed",
+            ]
         except BaseException:
             launcher.dump_logs()
             raise

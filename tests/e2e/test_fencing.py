@@ -10,10 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.e2e.conftest import Api, Launcher
 
 TURNS = 200
-CALCULATOR = {"name": "calculator", "description": "math", "kind": "builtin",
-              "builtin": "calculator",
-              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                             "required": ["expression"]}}
+CALCULATOR = {
+    "name": "calculator",
+    "description": "math",
+    "kind": "builtin",
+    "builtin": "calculator",
+    "parameters": {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    },
+}
 
 
 def _check_turn(api: Api, turn_id: str) -> list[str]:
@@ -26,8 +33,9 @@ def _check_turn(api: Api, turn_id: str) -> list[str]:
     seqs = [e["seq"] for e in events]
     if seqs != list(range(1, len(events) + 1)):
         problems.append(f"{turn_id}: event seqs {seqs}")
-    completed = [e for e in events
-                 if e["type"] == "status_changed" and e["data"]["to"] == "COMPLETED"]
+    completed = [
+        e for e in events if e["type"] == "status_changed" and e["data"]["to"] == "COMPLETED"
+    ]
     if len(completed) != 1:
         problems.append(f"{turn_id}: {len(completed)} COMPLETED events")
     attempts = [e["data"]["attempt"] for e in events if e["type"] == "model_attempt"]
@@ -50,10 +58,18 @@ def _check_turn(api: Api, turn_id: str) -> list[str]:
 
 def test_two_workers_run_every_turn_exactly_once(launch: Launcher) -> None:
     api = launch.api()
-    api.create_agent("fence", {"provider": "scripted", "model": "script", "script": [
-        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "3+5"}}]},
-        {"content": "8"},
-    ]}, tools=[CALCULATOR])
+    api.create_agent(
+        "fence",
+        {
+            "provider": "scripted",
+            "model": "script",
+            "script": [
+                {"tool_calls": [{"name": "calculator", "arguments": {"expression": "3+5"}}]},
+                {"content": "8"},
+            ],
+        },
+        tools=[CALCULATOR],
+    )
     # Both workers are up (and polling, and listening) before the first turn exists, so they
     # race for every one of them.
     workers = [launch.worker(f"worker-{n}", wait=False) for n in ("a", "b")]
@@ -61,14 +77,14 @@ def test_two_workers_run_every_turn_exactly_once(launch: Launcher) -> None:
         w.wait_ready()
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        ids = list(pool.map(lambda i: api.create_turn("fence", f"turn {i}")["id"],
-                            range(TURNS)))
+        ids = list(pool.map(lambda i: api.create_turn("fence", f"turn {i}")["id"], range(TURNS)))
     assert len(set(ids)) == TURNS
 
     deadline = time.monotonic() + 90
     while True:
-        r = api.http.get("/v1/turns", params={"agent": "fence", "limit": 200,
-                                              "status": ["READY", "RUNNING"]})
+        r = api.http.get(
+            "/v1/turns", params={"agent": "fence", "limit": 200, "status": ["READY", "RUNNING"]}
+        )
         assert r.status_code == 200, r.text
         if not r.json()["items"]:
             break
@@ -80,8 +96,10 @@ def test_two_workers_run_every_turn_exactly_once(launch: Launcher) -> None:
     assert problems == [], problems[:20]
 
     # Each turn was finished by exactly one worker, and both workers took part.
-    finished = [w.metric("turnrunner_turns_finished_total", agent="fence", status="COMPLETED")
-                for w in workers]
+    finished = [
+        w.metric("turnrunner_turns_finished_total", agent="fence", status="COMPLETED")
+        for w in workers
+    ]
     assert sum(finished) == TURNS, finished
     assert all(n > 0 for n in finished), finished
     for w in workers:

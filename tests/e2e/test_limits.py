@@ -11,8 +11,13 @@ CALL_TOOL = {"tool_calls": [{"name": "echo", "arguments": {"text": "again"}}]}
 
 
 def _echo_tool(tools: ToolServer) -> dict[str, Any]:
-    return {"name": "echo", "description": "echo", "kind": "http", "url": tools.url("/echo"),
-            "parameters": ECHO_PARAMS}
+    return {
+        "name": "echo",
+        "description": "echo",
+        "kind": "http",
+        "url": tools.url("/echo"),
+        "parameters": ECHO_PARAMS,
+    }
 
 
 def _roles(messages: list[dict[str, Any]]) -> list[str]:
@@ -21,19 +26,30 @@ def _roles(messages: list[dict[str, Any]]) -> list[str]:
 
 def _assert_closed_once(messages: list[dict[str, Any]], reason: str) -> None:
     """Every tool call has exactly one result, and one closing assistant message ends it."""
-    calls = [c["id"] for m in messages if m["role"] == "assistant"
-             for c in (m.get("tool_calls") or [])]
+    calls = [
+        c["id"] for m in messages if m["role"] == "assistant" for c in (m.get("tool_calls") or [])
+    ]
     results = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
     assert sorted(calls) == sorted(results), messages
-    closing = [m for m in messages
-               if m["role"] == "assistant" and m["content"]
-               and m["content"].startswith("This turn ended before completion:")]
+    closing = [
+        m
+        for m in messages
+        if m["role"] == "assistant"
+        and m["content"]
+        and m["content"].startswith("This turn ended before completion:")
+    ]
     assert len(closing) == 1 and closing[0] is messages[-1], messages
     assert messages[-1]["content"] == f"This turn ended before completion: {reason}"
 
 
-def _run(stack: Api, fake: FakeLLM, model: str, tools: list[dict[str, Any]],
-         policy: dict[str, Any], *replies: dict[str, Any]) -> dict[str, Any]:
+def _run(
+    stack: Api,
+    fake: FakeLLM,
+    model: str,
+    tools: list[dict[str, Any]],
+    policy: dict[str, Any],
+    *replies: dict[str, Any],
+) -> dict[str, Any]:
     fake.script(model, *replies)
     stack.create_agent(model, fake.spec(model), tools=tools, policy=policy)
     turn = stack.create_turn(model, "loop")
@@ -41,7 +57,10 @@ def _run(stack: Api, fake: FakeLLM, model: str, tools: list[dict[str, Any]],
 
 
 def test_model_that_keeps_calling_tools_hits_max_iterations(
-    stack: Api, fake: FakeLLM, tool_server: ToolServer, model: str,
+    stack: Api,
+    fake: FakeLLM,
+    tool_server: ToolServer,
+    model: str,
 ) -> None:
     done = _run(stack, fake, model, [_echo_tool(tool_server)], {"max_iterations": 3}, CALL_TOOL)
     assert done["status"] == "MAX_ITERATIONS_REACHED", done
@@ -56,8 +75,9 @@ def test_model_that_keeps_calling_tools_hits_max_iterations(
 
 def test_token_budget(stack: Api, fake: FakeLLM, tool_server: ToolServer, model: str) -> None:
     reply = {**CALL_TOOL, "usage": {"input_tokens": 400, "output_tokens": 100}}
-    done = _run(stack, fake, model, [_echo_tool(tool_server)],
-                {"budget": {"max_total_tokens": 800}}, reply)
+    done = _run(
+        stack, fake, model, [_echo_tool(tool_server)], {"budget": {"max_total_tokens": 800}}, reply
+    )
     assert done["status"] == "BUDGET_EXCEEDED", done
     reason = "max_total_tokens (used=1000, limit=800)"
     assert done["status_reason"] == reason
@@ -87,8 +107,9 @@ def test_max_steps(stack: Api, fake: FakeLLM, tool_server: ToolServer, model: st
 
 
 def test_max_tool_calls(stack: Api, fake: FakeLLM, tool_server: ToolServer, model: str) -> None:
-    done = _run(stack, fake, model, [_echo_tool(tool_server)],
-                {"budget": {"max_tool_calls": 2}}, CALL_TOOL)
+    done = _run(
+        stack, fake, model, [_echo_tool(tool_server)], {"budget": {"max_tool_calls": 2}}, CALL_TOOL
+    )
     assert done["status"] == "BUDGET_EXCEEDED", done
     reason = "max_tool_calls (used=2, limit=2)"
     assert done["status_reason"] == reason
@@ -100,13 +121,26 @@ def test_max_tool_calls(stack: Api, fake: FakeLLM, tool_server: ToolServer, mode
     _assert_closed_once(messages, reason)
 
 
-def test_max_duration_cuts_a_slow_tool(stack: Api, fake: FakeLLM, tool_server: ToolServer,
-                                       model: str) -> None:
-    slow = {"name": "slow", "description": "slow", "kind": "http",
-            "url": tool_server.url("/slow?ms=8000"), "parameters": ECHO_PARAMS,
-            "timeout_ms": 30_000}
-    done = _run(stack, fake, model, [slow], {"budget": {"max_duration_ms": 2000}},
-                {"tool_calls": [{"name": "slow", "arguments": {}}]}, {"content": "never"})
+def test_max_duration_cuts_a_slow_tool(
+    stack: Api, fake: FakeLLM, tool_server: ToolServer, model: str
+) -> None:
+    slow = {
+        "name": "slow",
+        "description": "slow",
+        "kind": "http",
+        "url": tool_server.url("/slow?ms=8000"),
+        "parameters": ECHO_PARAMS,
+        "timeout_ms": 30_000,
+    }
+    done = _run(
+        stack,
+        fake,
+        model,
+        [slow],
+        {"budget": {"max_duration_ms": 2000}},
+        {"tool_calls": [{"name": "slow", "arguments": {}}]},
+        {"content": "never"},
+    )
     assert done["status"] == "BUDGET_EXCEEDED", done
     assert done["status_reason"].startswith("max_duration_ms (used="), done["status_reason"]
     assert done["status_reason"].endswith(", limit=2000)")
@@ -127,10 +161,14 @@ def test_max_duration_cuts_a_slow_tool(stack: Api, fake: FakeLLM, tool_server: T
 
 
 def test_max_duration_cuts_a_hanging_model_call(stack: Api, fake: FakeLLM, model: str) -> None:
-    done = _run(stack, fake, model, [],
-                {"budget": {"max_duration_ms": 1500},
-                 "retry": {"max_retries": 3, "initial_delay_ms": 100}},
-                {"hang_ms": 4000})
+    done = _run(
+        stack,
+        fake,
+        model,
+        [],
+        {"budget": {"max_duration_ms": 1500}, "retry": {"max_retries": 3, "initial_delay_ms": 100}},
+        {"hang_ms": 4000},
+    )
     assert done["status"] == "BUDGET_EXCEEDED", done
     assert done["status_reason"].startswith("max_duration_ms (used=")
     assert done["retry_count"] == 0  # running out of time is not a fault to retry

@@ -33,12 +33,18 @@ def test_three_overloads_then_success(stack: Api, fake: FakeLLM, model: str) -> 
     assert not any(s["retry_after_honoured"] for s in scheduled)
     attempts = _of(events, "model_attempt")
     assert [(a["attempt"], a["outcome"]) for a in attempts] == [
-        (1, "error"), (2, "error"), (3, "error"), (4, "ok")]
+        (1, "error"),
+        (2, "error"),
+        (3, "error"),
+        (4, "ok"),
+    ]
     assert [r["by"] for r in _of(events, "retry_resumed")] == ["scheduler"] * 3
 
 
 def test_endless_overload_waits_for_model_then_retry_model(
-    stack: Api, fake: FakeLLM, model: str,
+    stack: Api,
+    fake: FakeLLM,
+    model: str,
 ) -> None:
     fake.faults(model, {"status": 503, "count": 1_000_000})
     fake.script(model, {"content": "repaired"})
@@ -76,6 +82,7 @@ def test_endless_overload_waits_for_model_then_retry_model(
     assert commands == ["RETRY_MODEL"]
 
     # The same (now old) failure id again: the turn is finished.
-    again = stack.http.post(f"/v1/turns/{turn['id']}/retry-model",
-                            json={"failure_id": err["failure_id"]})
+    again = stack.http.post(
+        f"/v1/turns/{turn['id']}/retry-model", json={"failure_id": err["failure_id"]}
+    )
     assert again.status_code == 409 and again.json()["code"] == "turn_finished"

@@ -10,10 +10,19 @@ import pytest
 
 from tests.helpers import CALCULATOR, create_agent, scripted
 
-EXTERNAL = {"name": "lookup", "description": "Look something up.", "kind": "external",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
-HTTP_TOOL = {"name": "remote", "description": "A remote tool.", "kind": "http",
-             "url": "https://tools.example.com/remote", "timeout_ms": 5000}
+EXTERNAL = {
+    "name": "lookup",
+    "description": "Look something up.",
+    "kind": "external",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+}
+HTTP_TOOL = {
+    "name": "remote",
+    "description": "A remote tool.",
+    "kind": "http",
+    "url": "https://tools.example.com/remote",
+    "timeout_ms": 5000,
+}
 
 
 def _body(name: str = "alpha", **extra: Any) -> dict[str, Any]:
@@ -22,8 +31,15 @@ def _body(name: str = "alpha", **extra: Any) -> dict[str, Any]:
 
 def test_create_versions_get_and_list(api_only: Any) -> None:
     policy = {"max_iterations": 7, "retry": {"max_retries": 3}}
-    v1 = create_agent(api_only, "alpha", scripted({"content": "one"}), tools=[CALCULATOR],
-                      policy=policy, description="first", system_prompt="be brief")
+    v1 = create_agent(
+        api_only,
+        "alpha",
+        scripted({"content": "one"}),
+        tools=[CALCULATOR],
+        policy=policy,
+        description="first",
+        system_prompt="be brief",
+    )
     assert v1["name"] == "alpha"
     assert v1["version"] == 1
     assert v1["description"] == "first"
@@ -36,8 +52,9 @@ def test_create_versions_get_and_list(api_only: Any) -> None:
     assert v1["execution_policy"]["retry"]["max_retries"] == 3
     assert v1["created_at"]
 
-    r = api_only.post("/v1/agents", json=_body("alpha", tools=[EXTERNAL, HTTP_TOOL],
-                                                description="second"))
+    r = api_only.post(
+        "/v1/agents", json=_body("alpha", tools=[EXTERNAL, HTTP_TOOL], description="second")
+    )
     assert r.status_code == 201, r.text
     v2 = r.json()
     assert v2["version"] == 2
@@ -83,18 +100,21 @@ def _tool(**changes: Any) -> Callable[[dict[str, Any]], None]:
     def mutate(body: dict[str, Any]) -> None:
         tool = {**copy.deepcopy(HTTP_TOOL), **changes}
         body["tools"] = [{k: v for k, v in tool.items() if v is not None}]
+
     return mutate
 
 
 def _policy(policy: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     def mutate(body: dict[str, Any]) -> None:
         body["execution_policy"] = policy
+
     return mutate
 
 
 def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
     def mutate(body: dict[str, Any]) -> None:
         body[key] = value
+
     return mutate
 
 
@@ -102,6 +122,7 @@ def _model(**changes: Any) -> Callable[[dict[str, Any]], None]:
     def mutate(body: dict[str, Any]) -> None:
         model = {**body["model"], **changes}
         body["model"] = {k: v for k, v in model.items() if v is not None}
+
     return mutate
 
 
@@ -114,39 +135,58 @@ INVALID: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "http url ftp": (_tool(url="ftp://tools.example.com/x"), "body.tools.0.url"),
     "http url file": (_tool(url="file:///etc/passwd"), "body.tools.0.url"),
     "http url without host": (_tool(url="http://"), "body.tools.0.url"),
-    "parameters not a schema": (_tool(parameters={"type": "no-such-type"}),
-                                "body.tools.0.parameters"),
+    "parameters not a schema": (
+        _tool(parameters={"type": "no-such-type"}),
+        "body.tools.0.parameters",
+    ),
     "duplicate tool names": (lambda b: b.update(tools=[CALCULATOR, CALCULATOR]), "body"),
-    "max_retries 101": (_policy({"retry": {"max_retries": 101}}),
-                        "body.execution_policy.retry.max_retries"),
-    "negative max_retries": (_policy({"retry": {"max_retries": -1}}),
-                             "body.execution_policy.retry.max_retries"),
-    "multiplier 0.5": (_policy({"retry": {"multiplier": 0.5}}),
-                       "body.execution_policy.retry.multiplier"),
+    "max_retries 101": (
+        _policy({"retry": {"max_retries": 101}}),
+        "body.execution_policy.retry.max_retries",
+    ),
+    "negative max_retries": (
+        _policy({"retry": {"max_retries": -1}}),
+        "body.execution_policy.retry.max_retries",
+    ),
+    "multiplier 0.5": (
+        _policy({"retry": {"multiplier": 0.5}}),
+        "body.execution_policy.retry.multiplier",
+    ),
     "jitter 2": (_policy({"retry": {"jitter": 2}}), "body.execution_policy.retry.jitter"),
-    "negative jitter": (_policy({"retry": {"jitter": -0.1}}),
-                        "body.execution_policy.retry.jitter"),
-    "unknown retry_on class": (_policy({"retry": {"retry_on": ["rate_limited", "gremlins"]}}),
-                               "body.execution_policy.retry.retry_on.1"),
-    "negative max_iterations": (_policy({"max_iterations": -1}),
-                                "body.execution_policy.max_iterations"),
-    "negative budget": (_policy({"budget": {"max_total_tokens": -5}}),
-                        "body.execution_policy.budget.max_total_tokens"),
+    "negative jitter": (_policy({"retry": {"jitter": -0.1}}), "body.execution_policy.retry.jitter"),
+    "unknown retry_on class": (
+        _policy({"retry": {"retry_on": ["rate_limited", "gremlins"]}}),
+        "body.execution_policy.retry.retry_on.1",
+    ),
+    "negative max_iterations": (
+        _policy({"max_iterations": -1}),
+        "body.execution_policy.max_iterations",
+    ),
+    "negative budget": (
+        _policy({"budget": {"max_total_tokens": -5}}),
+        "body.execution_policy.budget.max_total_tokens",
+    ),
     "unknown tool error placeholder": (
         _policy({"tool_error_message_template": "{code}: {stack}"}),
-        "body.execution_policy.tool_error_message_template"),
+        "body.execution_policy.tool_error_message_template",
+    ),
     "unknown interrupted tool placeholder": (
         _policy({"interrupted_tool_message_template": "{tool_name} {code}"}),
-        "body.execution_policy.interrupted_tool_message_template"),
+        "body.execution_policy.interrupted_tool_message_template",
+    ),
     "unknown interrupted turn placeholder": (
         _policy({"interrupted_turn_message_template": "ended: {tool_name}"}),
-        "body.execution_policy.interrupted_turn_message_template"),
-    "unknown strategy": (_policy({"tool_error_strategy": "IGNORE"}),
-                         "body.execution_policy.tool_error_strategy"),
-    "unknown policy field": (_policy({"max_iteration": 3}),
-                             "body.execution_policy.max_iteration"),
-    "unknown retry field": (_policy({"retry": {"max_retry": 3}}),
-                            "body.execution_policy.retry.max_retry"),
+        "body.execution_policy.interrupted_turn_message_template",
+    ),
+    "unknown strategy": (
+        _policy({"tool_error_strategy": "IGNORE"}),
+        "body.execution_policy.tool_error_strategy",
+    ),
+    "unknown policy field": (_policy({"max_iteration": 3}), "body.execution_policy.max_iteration"),
+    "unknown retry field": (
+        _policy({"retry": {"max_retry": 3}}),
+        "body.execution_policy.retry.max_retry",
+    ),
     "unknown field": (_set("bogus", 1), "body.bogus"),
     "missing model": (lambda b: b.pop("model"), "body.model"),
     "missing name": (lambda b: b.pop("name"), "body.name"),
@@ -154,10 +194,14 @@ INVALID: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "unknown provider": (_model(provider="anthropic"), "body.model.provider"),
     "scripted without script": (_model(script=None), "body.model"),
     "script for openai": (_model(provider="openai"), "body.model"),
-    "base_url not http": (_model(provider="openai", script=None, base_url="gopher://x"),
-                          "body.model.base_url"),
-    "reply with two kinds": (_model(script=[{"content": "a", "hang_ms": 5}]),
-                             "body.model.script.0"),
+    "base_url not http": (
+        _model(provider="openai", script=None, base_url="gopher://x"),
+        "body.model.base_url",
+    ),
+    "reply with two kinds": (
+        _model(script=[{"content": "a", "hang_ms": 5}]),
+        "body.model.script.0",
+    ),
     "tools not a list": (_set("tools", {"name": "x"}), "body.tools"),
 }
 
@@ -187,16 +231,24 @@ def test_version_numbers_are_per_name(api_only: Any) -> None:
     b = create_agent(api_only, "b1", scripted({"content": "y"}))
     assert b["version"] == 1
     assert api_only.get("/v1/agents/a1").json()["version"] == 3
-    versions = [api_only.get("/v1/agents/a1", params={"version": v}).json()["version"]
-                for v in (1, 2, 3)]
+    versions = [
+        api_only.get("/v1/agents/a1", params={"version": v}).json()["version"] for v in (1, 2, 3)
+    ]
     assert versions == [1, 2, 3]
 
 
 def test_agent_answer_never_carries_an_api_key(api_only: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("TURNRUNNER_TEST_SECRET_KEY", "sk-secret-value-123")
-    body = {"name": "openai-agent", "tools": [],
-            "model": {"provider": "openai", "model": "gpt-x", "api_key_env":
-                      "TURNRUNNER_TEST_SECRET_KEY", "base_url": "https://llm.example.com/v1"}}
+    body = {
+        "name": "openai-agent",
+        "tools": [],
+        "model": {
+            "provider": "openai",
+            "model": "gpt-x",
+            "api_key_env": "TURNRUNNER_TEST_SECRET_KEY",
+            "base_url": "https://llm.example.com/v1",
+        },
+    }
     r = api_only.post("/v1/agents", json=body)
     assert r.status_code == 201, r.text
     assert r.json()["model"]["api_key_env"] == "TURNRUNNER_TEST_SECRET_KEY"

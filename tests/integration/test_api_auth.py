@@ -73,26 +73,32 @@ def test_no_or_bad_token_is_401_everywhere(secured: Any) -> None:
     turn = create_turn(secured, "quick", headers=CLIENT)
     wait_status(secured, turn["id"], "COMPLETED")
     before = secured.get(f"/v1/turns/{turn['id']}", headers=ADMIN).json()
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer "},
-                    {"Authorization": "Basic YzE6YzE="}, {"Authorization": "c1"},
-                    {"Authorization": "Bearer c1x"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Bearer "},
+        {"Authorization": "Basic YzE6YzE="},
+        {"Authorization": "c1"},
+        {"Authorization": "Bearer c1x"},
+    ):
         for method, path, body in _routes(turn["id"]):
             r = secured.request(method, path, json=body, headers=headers)
             problem(r, 401, "unauthorized")
             assert r.headers["www-authenticate"].lower().startswith("bearer")
-    r = secured.get(f"/v1/turns/{turn['id']}/events",
-                    headers={"Accept": "text/event-stream"})
+    r = secured.get(f"/v1/turns/{turn['id']}/events", headers={"Accept": "text/event-stream"})
     problem(r, 401, "unauthorized")
     # nothing was created or changed by the refused requests
-    assert [a["name"] for a in secured.get("/v1/agents", headers=ADMIN).json()["items"]] == \
-        ["quick"]
+    assert [a["name"] for a in secured.get("/v1/agents", headers=ADMIN).json()["items"]] == [
+        "quick"
+    ]
     assert len(secured.get("/v1/turns", headers=ADMIN).json()["items"]) == 1
     assert secured.get(f"/v1/turns/{turn['id']}", headers=ADMIN).json() == before
 
 
 def test_client_token_is_refused_admin_operations(secured: Any) -> None:
-    r = secured.post("/v1/agents", json={"name": "x", "model": scripted({"content": "x"})},
-                     headers=CLIENT)
+    r = secured.post(
+        "/v1/agents", json={"name": "x", "model": scripted({"content": "x"})}, headers=CLIENT
+    )
     problem(r, 403, "forbidden")
     assert secured.get("/v1/agents", headers=CLIENT).json()["items"] == []
     problem(secured.get("/v1/admin/turns/due", headers=CLIENT), 403, "forbidden")
@@ -113,13 +119,21 @@ def test_client_token_does_the_rest(secured: Any) -> None:
     assert secured.get(f"/v1/turns/{turn['id']}/messages", headers=CLIENT).status_code == 200
     assert secured.get(f"/v1/turns/{turn['id']}/events", headers=CLIENT).status_code == 200
     # a command with a client token reaches the turn (and its own answer: finished)
-    problem(secured.post(f"/v1/turns/{turn['id']}/cancel", json={}, headers=CLIENT), 409,
-            "turn_finished")
+    problem(
+        secured.post(f"/v1/turns/{turn['id']}/cancel", json={}, headers=CLIENT),
+        409,
+        "turn_finished",
+    )
 
 
 def test_force_retry_needs_an_admin_token(secured: Any) -> None:
-    create_agent(secured, "later", scripted({"error": {"status": 503}}, {"content": "ok"}),
-                 policy=LATER, headers=ADMIN)
+    create_agent(
+        secured,
+        "later",
+        scripted({"error": {"status": 503}}, {"content": "ok"}),
+        policy=LATER,
+        headers=ADMIN,
+    )
     turn = create_turn(secured, "later", headers=CLIENT)
     parked = wait_status(secured, turn["id"], "RETRY_SCHEDULED")
     for body, path in (({"force": True}, "retry"), ({"command": "CONTINUE"}, "resume")):
@@ -159,8 +173,7 @@ def unmigrated_url(db_url: str, tmp_path: Any) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'empty.db'}"
         return
     name = f"turnrunner_empty_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(db_url).set(database="postgres"),
-                          isolation_level="AUTOCOMMIT")
+    admin = create_engine(make_url(db_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
@@ -189,21 +202,24 @@ def small(db_url: str) -> Iterator[Any]:
 
 def test_a_body_over_the_limit_is_413_and_stores_nothing(small: Any) -> None:
     big = "x" * 3000
-    r = small.post("/v1/agents", json={"name": "big", "description": big,
-                                       "model": scripted({"content": "x"})})
+    r = small.post(
+        "/v1/agents", json={"name": "big", "description": big, "model": scripted({"content": "x"})}
+    )
     problem(r, 413, "payload_too_large")
     assert small.get("/v1/agents").json()["items"] == []
     assert small.get("/v1/agents/big").status_code == 404
 
     create_agent(small, "a", scripted({"content": "x"}))
-    problem(small.post("/v1/turns", json={"agent": "a", "input": big}), 413,
-            "payload_too_large")
+    problem(small.post("/v1/turns", json={"agent": "a", "input": big}), 413, "payload_too_large")
     assert small.get("/v1/turns").json()["items"] == []
 
     turn = create_turn(small, "a", "small enough")
     before = small.get(f"/v1/turns/{turn['id']}").json()
-    problem(small.post(f"/v1/turns/{turn['id']}/messages", json={"content": big}), 413,
-            "payload_too_large")
+    problem(
+        small.post(f"/v1/turns/{turn['id']}/messages", json={"content": big}),
+        413,
+        "payload_too_large",
+    )
     assert small.get(f"/v1/turns/{turn['id']}").json() == before
     items = small.get(f"/v1/turns/{turn['id']}/messages").json()["items"]
     assert [m["content"] for m in items] == ["small enough"]

@@ -20,23 +20,31 @@ from tests.conftest import api_client
 from tests.helpers import CALCULATOR, TERMINAL, create_agent, create_turn, events, messages
 from tests.helpers import scripted as _scripted
 
-EXTERNAL = {"name": "lookup", "description": "Look something up (the client does).",
-            "kind": "external",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+EXTERNAL = {
+    "name": "lookup",
+    "description": "Look something up (the client does).",
+    "kind": "external",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+}
 PARK_MODEL = {"retry": {"max_retries": 0}}
 LATER = {"retry": {"max_retries": 1, "initial_delay_ms": 60_000, "max_delay_ms": 60_000}}
 AT_ONCE = {"retry": {"max_retries": 1, "initial_delay_ms": 0, "max_delay_ms": 0}}
 OVERLOADED = {"error": {"status": 503}}
-ASK_TWO = {"tool_calls": [{"name": "lookup", "arguments": {"q": "a"}},
-                          {"name": "lookup", "arguments": {"q": "b"}}]}
+ASK_TWO = {
+    "tool_calls": [
+        {"name": "lookup", "arguments": {"q": "a"}},
+        {"name": "lookup", "arguments": {"q": "b"}},
+    ]
+}
 
 
 def scripted(*replies: dict[str, Any], model: str = "script") -> dict[str, Any]:
     return {**_scripted(*replies), "model": model}
 
 
-def wait_status(c: Any, turn_id: str, statuses: set[str] | str,
-                timeout_s: float = 20.0) -> dict[str, Any]:
+def wait_status(
+    c: Any, turn_id: str, statuses: set[str] | str, timeout_s: float = 20.0
+) -> dict[str, Any]:
     """Poll the turn until it is in one of `statuses`; fail at once on another terminal one."""
     wanted = {statuses} if isinstance(statuses, str) else statuses
     deadline = time.monotonic() + timeout_s
@@ -53,8 +61,9 @@ def wait_status(c: Any, turn_id: str, statuses: set[str] | str,
 def make_agents(c: Any) -> None:
     create_agent(c, "flaky", scripted(OVERLOADED, {"content": "recovered"}), policy=PARK_MODEL)
     create_agent(c, "later", scripted(OVERLOADED, {"content": "recovered"}), policy=LATER)
-    create_agent(c, "twice", scripted(OVERLOADED, OVERLOADED, {"content": "recovered"}),
-                 policy=AT_ONCE)
+    create_agent(
+        c, "twice", scripted(OVERLOADED, OVERLOADED, {"content": "recovered"}), policy=AT_ONCE
+    )
     create_agent(c, "asks", scripted(ASK_TWO, {"content": "done"}), tools=[EXTERNAL])
     create_agent(c, "quick", scripted({"content": "hi"}))
 
@@ -67,9 +76,13 @@ def park(c: Any, agent: str, status: str, input_: str = "hi") -> dict[str, Any]:
 def running_held(c: Any) -> dict[str, Any]:
     """A RUNNING turn its worker holds: the tool step is committed, then the model never
     answers (the hang is on the second call, so RUNNING is already durable)."""
-    model = {**scripted({"tool_calls": [{"name": "calculator",
-                                         "arguments": {"expression": "1+1"}}]},
-                        {"hang_ms": 600_000}), "timeout_ms": 600_000}
+    model = {
+        **scripted(
+            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]},
+            {"hang_ms": 600_000},
+        ),
+        "timeout_ms": 600_000,
+    }
     create_agent(c, "hangs", model, tools=[CALCULATOR])
     turn = create_turn(c, "hangs")
     deadline = time.monotonic() + 20
@@ -117,12 +130,19 @@ def zoo(db_url: str) -> Iterator[tuple[Any, dict[str, dict[str, Any]]]]:
     model never answers, so the READY turn stays READY and nothing moves by itself."""
     with api_client(db_url, worker_concurrency=1) as c:
         make_agents(c)
-        create_agent(c, "fails", scripted(
-            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "1/"}}]}),
-            tools=[CALCULATOR])
-        create_agent(c, "loops", scripted(
-            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]}),
-            tools=[CALCULATOR], policy={"max_iterations": 1})
+        create_agent(
+            c,
+            "fails",
+            scripted({"tool_calls": [{"name": "calculator", "arguments": {"expression": "1/"}}]}),
+            tools=[CALCULATOR],
+        )
+        create_agent(
+            c,
+            "loops",
+            scripted({"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]}),
+            tools=[CALCULATOR],
+            policy={"max_iterations": 1},
+        )
         turns = {
             "WAITING_FOR_MODEL": park(c, "flaky", "WAITING_FOR_MODEL"),
             "RETRY_SCHEDULED": park(c, "later", "RETRY_SCHEDULED"),
@@ -163,33 +183,39 @@ Send = Callable[[Any, dict[str, Any]], httpx.Response]
 COMMANDS: dict[str, Send] = {
     "retry": lambda c, t: c.post(f"/v1/turns/{t['id']}/retry", json={}),
     "retry (no body)": lambda c, t: c.post(f"/v1/turns/{t['id']}/retry"),
-    "resume RETRY": lambda c, t: c.post(f"/v1/turns/{t['id']}/resume",
-                                        json={"command": "RETRY"}),
+    "resume RETRY": lambda c, t: c.post(f"/v1/turns/{t['id']}/resume", json={"command": "RETRY"}),
     "retry force": lambda c, t: c.post(f"/v1/turns/{t['id']}/retry", json={"force": True}),
-    "resume CONTINUE": lambda c, t: c.post(f"/v1/turns/{t['id']}/resume",
-                                           json={"command": "CONTINUE"}),
-    "retry-model": lambda c, t: c.post(f"/v1/turns/{t['id']}/retry-model",
-                                       json={"failure_id": _failure_id(t)}),
+    "resume CONTINUE": lambda c, t: c.post(
+        f"/v1/turns/{t['id']}/resume", json={"command": "CONTINUE"}
+    ),
+    "retry-model": lambda c, t: c.post(
+        f"/v1/turns/{t['id']}/retry-model", json={"failure_id": _failure_id(t)}
+    ),
     "resume RETRY_MODEL": lambda c, t: c.post(
-        f"/v1/turns/{t['id']}/resume", json={"command": "RETRY_MODEL",
-                                             "failure_id": _failure_id(t)}),
-    "messages": lambda c, t: c.post(f"/v1/turns/{t['id']}/messages",
-                                    json={"content": "hello again"}),
+        f"/v1/turns/{t['id']}/resume", json={"command": "RETRY_MODEL", "failure_id": _failure_id(t)}
+    ),
+    "messages": lambda c, t: c.post(
+        f"/v1/turns/{t['id']}/messages", json={"content": "hello again"}
+    ),
     "resume USER_MESSAGE": lambda c, t: c.post(
-        f"/v1/turns/{t['id']}/resume", json={"command": "USER_MESSAGE", "content": "again"}),
+        f"/v1/turns/{t['id']}/resume", json={"command": "USER_MESSAGE", "content": "again"}
+    ),
     "tool-results": lambda c, t: c.post(
         f"/v1/turns/{t['id']}/tool-results",
-        json={"tool_call_id": _call_id(c, t), "content": {"answer": 1}}),
+        json={"tool_call_id": _call_id(c, t), "content": {"answer": 1}},
+    ),
     "tool-results error": lambda c, t: c.post(
         f"/v1/turns/{t['id']}/tool-results",
-        json={"tool_call_id": _call_id(c, t), "error": {"code": "nope", "message": "x"}}),
+        json={"tool_call_id": _call_id(c, t), "error": {"code": "nope", "message": "x"}},
+    ),
     "resume TOOL_RESULT": lambda c, t: c.post(
         f"/v1/turns/{t['id']}/resume",
-        json={"command": "TOOL_RESULT", "tool_call_id": _call_id(c, t), "content": "r"}),
+        json={"command": "TOOL_RESULT", "tool_call_id": _call_id(c, t), "content": "r"},
+    ),
     "resume TOOL_ERROR": lambda c, t: c.post(
         f"/v1/turns/{t['id']}/resume",
-        json={"command": "TOOL_ERROR", "tool_call_id": _call_id(c, t),
-              "error": {"code": "nope"}}),
+        json={"command": "TOOL_ERROR", "tool_call_id": _call_id(c, t), "error": {"code": "nope"}},
+    ),
     "cancel": lambda c, t: c.post(f"/v1/turns/{t['id']}/cancel", json={}),
 }
 
@@ -226,7 +252,8 @@ def expected_refusal(command: str, status: str) -> str | None:
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_command_in_a_status_it_does_not_fit_changes_nothing(
-        zoo: tuple[Any, dict[str, dict[str, Any]]], command: str) -> None:
+    zoo: tuple[Any, dict[str, dict[str, Any]]], command: str
+) -> None:
     c, turns = zoo
     checked = 0
     for status, turn in turns.items():
@@ -248,15 +275,19 @@ def test_command_in_a_status_it_does_not_fit_changes_nothing(
 
 
 def test_stale_failure_and_unknown_tool_call_change_nothing(
-        zoo: tuple[Any, dict[str, dict[str, Any]]]) -> None:
+    zoo: tuple[Any, dict[str, dict[str, Any]]],
+) -> None:
     c, turns = zoo
     waiting = turns["WAITING_FOR_MODEL"]
     before = snapshot(c, waiting["id"])
     for send in (
-        lambda: c.post(f"/v1/turns/{waiting['id']}/retry-model",
-                       json={"failure_id": "fail_someone_else"}),
-        lambda: c.post(f"/v1/turns/{waiting['id']}/resume",
-                       json={"command": "RETRY_MODEL", "failure_id": "fail_someone_else"}),
+        lambda: c.post(
+            f"/v1/turns/{waiting['id']}/retry-model", json={"failure_id": "fail_someone_else"}
+        ),
+        lambda: c.post(
+            f"/v1/turns/{waiting['id']}/resume",
+            json={"command": "RETRY_MODEL", "failure_id": "fail_someone_else"},
+        ),
     ):
         answer = problem(send(), "stale_failure")
         assert answer["failure_id"] == waiting["last_error"]["failure_id"]
@@ -264,19 +295,25 @@ def test_stale_failure_and_unknown_tool_call_change_nothing(
 
     tool = turns["WAITING_FOR_TOOL"]
     before = snapshot(c, tool["id"])
-    for body in ({"tool_call_id": "call_not_pending", "content": "x"},
-                 {"tool_call_id": "call_not_pending", "error": {"code": "e"}}):
-        answer = problem(c.post(f"/v1/turns/{tool['id']}/tool-results", json=body),
-                         "invalid_state")
+    for body in (
+        {"tool_call_id": "call_not_pending", "content": "x"},
+        {"tool_call_id": "call_not_pending", "error": {"code": "e"}},
+    ):
+        answer = problem(c.post(f"/v1/turns/{tool['id']}/tool-results", json=body), "invalid_state")
         assert answer["turn_status"] == "WAITING_FOR_TOOL"
-    answer = problem(c.post(f"/v1/turns/{tool['id']}/resume", json={
-        "command": "TOOL_RESULT", "tool_call_id": "call_not_pending", "content": "x"}),
-        "invalid_state")
+    answer = problem(
+        c.post(
+            f"/v1/turns/{tool['id']}/resume",
+            json={"command": "TOOL_RESULT", "tool_call_id": "call_not_pending", "content": "x"},
+        ),
+        "invalid_state",
+    )
     assert snapshot(c, tool["id"]) == before
 
 
 def test_cancelling_a_cancelled_turn_answers_it_again(
-        zoo: tuple[Any, dict[str, dict[str, Any]]]) -> None:
+    zoo: tuple[Any, dict[str, dict[str, Any]]],
+) -> None:
     c, turns = zoo
     turn = turns["CANCELLED"]
     before = snapshot(c, turn["id"])
@@ -309,14 +346,19 @@ def test_malformed_commands_are_422_and_change_nothing(client: Any) -> None:
         ("/resume", {"command": "TOOL_ERROR", "tool_call_id": call}, "body.error"),
         ("/resume", {"command": "RETRY", "bogus": 1}, "body.bogus"),
         ("/tool-results", {"tool_call_id": call}, "body"),
-        ("/tool-results", {"tool_call_id": call, "content": "x", "error": {"code": "e"}},
-         "body"),
-        ("/tool-results", {"tool_call_id": call, "error": {"message": "no code"}},
-         "body.error.code"),
+        ("/tool-results", {"tool_call_id": call, "content": "x", "error": {"code": "e"}}, "body"),
+        (
+            "/tool-results",
+            {"tool_call_id": call, "error": {"message": "no code"}},
+            "body.error.code",
+        ),
         ("/tool-results", {"content": "x"}, "body.tool_call_id"),
         ("/retry-model", {}, "body.failure_id"),
-        ("/retry-model", {"failure_id": "f", "model": {"provider": "nope", "model": "m"}},
-         "body.model.provider"),
+        (
+            "/retry-model",
+            {"failure_id": "f", "model": {"provider": "nope", "model": "m"}},
+            "body.model.provider",
+        ),
         ("/messages", {}, "body.content"),
         ("/messages", {"content": ["a"]}, "body.content"),
         ("/messages", {"content": "x", "message_id": ""}, "body.message_id"),
@@ -333,8 +375,7 @@ def test_malformed_commands_are_422_and_change_nothing(client: Any) -> None:
 
 
 @pytest.mark.parametrize("form", ["retry", "resume"])
-def test_retry_when_due_resumes_and_keeps_the_consecutive_count(db_url: str,
-                                                                 form: str) -> None:
+def test_retry_when_due_resumes_and_keeps_the_consecutive_count(db_url: str, form: str) -> None:
     soon = {"retry": {"max_retries": 1, "initial_delay_ms": 1, "max_delay_ms": 1}}
     with api_client(db_url, scheduler_enabled=False) as c:
         make_agents(c)
@@ -358,8 +399,11 @@ def test_retry_when_due_resumes_and_keeps_the_consecutive_count(db_url: str,
         # the scheduler is off: nobody but the API resumes it
         assert c.get(f"/v1/turns/{turn['id']}").json()["status"] == "RETRY_SCHEDULED"
 
-        send = (lambda: c.post(f"/v1/turns/{turn['id']}/retry", json={})) if form == "retry" \
+        send = (
+            (lambda: c.post(f"/v1/turns/{turn['id']}/retry", json={}))
+            if form == "retry"
             else (lambda: c.post(f"/v1/turns/{turn['id']}/resume", json={"command": "RETRY"}))
+        )
         resumed = accepted(send())
         assert resumed["status"] == "RUNNING"
         assert resumed["next_runnable_at"] is None
@@ -409,11 +453,14 @@ def test_retry_model_with_the_last_failure_continues(client: Any, form: str) -> 
     assert failure["source"] == "model"
     assert turn["next_runnable_at"] is None
     if form == "retry-model":
-        r = client.post(f"/v1/turns/{turn['id']}/retry-model",
-                        json={"failure_id": failure["failure_id"]})
+        r = client.post(
+            f"/v1/turns/{turn['id']}/retry-model", json={"failure_id": failure["failure_id"]}
+        )
     else:
-        r = client.post(f"/v1/turns/{turn['id']}/resume",
-                        json={"command": "RETRY_MODEL", "failure_id": failure["failure_id"]})
+        r = client.post(
+            f"/v1/turns/{turn['id']}/resume",
+            json={"command": "RETRY_MODEL", "failure_id": failure["failure_id"]},
+        )
     assert accepted(r)["status"] == "RUNNING"
     done = wait_status(client, turn["id"], "COMPLETED")
     assert done["output"] == "recovered"
@@ -424,18 +471,29 @@ def test_retry_model_can_switch_the_model_for_the_rest_of_the_turn(client: Any) 
     create_agent(client, "stuck", scripted(OVERLOADED), tools=[CALCULATOR], policy=PARK_MODEL)
     turn = park(client, "stuck", "WAITING_FOR_MODEL")
     # the n-th model call of a turn gets the n-th reply: calls 2 and 3 take replies 2 and 3
-    backup = scripted({"content": "never used"},
-                      {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
-                      {"content": "42 from backup"}, model="backup")
-    r = client.post(f"/v1/turns/{turn['id']}/resume",
-                    json={"command": "RETRY_MODEL", "failure_id": turn["last_error"]["failure_id"],
-                          "model": backup})
+    backup = scripted(
+        {"content": "never used"},
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
+        {"content": "42 from backup"},
+        model="backup",
+    )
+    r = client.post(
+        f"/v1/turns/{turn['id']}/resume",
+        json={
+            "command": "RETRY_MODEL",
+            "failure_id": turn["last_error"]["failure_id"],
+            "model": backup,
+        },
+    )
     assert accepted(r)["status"] == "RUNNING"
     done = wait_status(client, turn["id"], "COMPLETED")
     assert done["output"] == "42 from backup"
     attempts = [e["data"] for e in events(client, turn["id"]) if e["type"] == "model_attempt"]
     assert [(a["model"], a["outcome"]) for a in attempts] == [
-        ("script", "error"), ("backup", "ok"), ("backup", "ok")]
+        ("script", "error"),
+        ("backup", "ok"),
+        ("backup", "ok"),
+    ]
     # the agent itself is unchanged
     agent = client.get("/v1/agents/stuck").json()
     assert agent["version"] == 1
@@ -467,16 +525,16 @@ def test_user_message_closes_pending_tool_calls_then_continues(client: Any) -> N
     turn = park(client, "asks", "WAITING_FOR_TOOL")
     pending = [c["id"] for c in turn["pending_tool_calls"]]
     assert len(pending) == 2
-    r = client.post(f"/v1/turns/{turn['id']}/resume",
-                    json={"command": "USER_MESSAGE", "content": "never mind"})
+    r = client.post(
+        f"/v1/turns/{turn['id']}/resume", json={"command": "USER_MESSAGE", "content": "never mind"}
+    )
     resumed = accepted(r)
     assert resumed["status"] == "RUNNING"
     assert resumed["pending_tool_calls"] == []
     done = wait_status(client, turn["id"], "COMPLETED")
     assert done["output"] == "done"
     msgs = messages(client, turn["id"])
-    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool", "user",
-                                         "assistant"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool", "user", "assistant"]
     assert [m["tool_call_id"] for m in msgs[2:4]] == pending
     assert all("did not complete" in m["content"] for m in msgs[2:4])
     assert msgs[4]["content"] == "never mind"
@@ -486,12 +544,20 @@ def test_user_message_closes_pending_tool_calls_then_continues(client: Any) -> N
 def test_user_message_is_queued_in_ready_and_taken_once(db_url: str, api_only: Any) -> None:
     make_agents(api_only)
     turn = create_turn(api_only, "quick", "first")
-    first = accepted(api_only.post(f"/v1/turns/{turn['id']}/messages",
-                                   json={"content": "and also this", "message_id": "m-1"}))
+    first = accepted(
+        api_only.post(
+            f"/v1/turns/{turn['id']}/messages",
+            json={"content": "and also this", "message_id": "m-1"},
+        )
+    )
     assert first["status"] == "READY"
     assert first["version"] > turn["version"]
-    repeat = accepted(api_only.post(f"/v1/turns/{turn['id']}/resume", json={
-        "command": "USER_MESSAGE", "content": "and also this", "message_id": "m-1"}))
+    repeat = accepted(
+        api_only.post(
+            f"/v1/turns/{turn['id']}/resume",
+            json={"command": "USER_MESSAGE", "content": "and also this", "message_id": "m-1"},
+        )
+    )
     assert repeat["version"] == first["version"]
     assert command_events(api_only, turn["id"]) == ["USER_MESSAGE"]
     # queued: not in the transcript before a worker delivers it
@@ -501,26 +567,38 @@ def test_user_message_is_queued_in_ready_and_taken_once(db_url: str, api_only: A
         assert done["output"] == "hi"
         roles = [(m["role"], m["content"]) for m in messages(worker, turn["id"])]
         assert roles == [("user", "first"), ("user", "and also this"), ("assistant", "hi")]
-        problem(worker.post(f"/v1/turns/{turn['id']}/messages",
-                            json={"content": "late", "message_id": "m-2"}), "turn_finished")
+        problem(
+            worker.post(
+                f"/v1/turns/{turn['id']}/messages", json={"content": "late", "message_id": "m-2"}
+            ),
+            "turn_finished",
+        )
 
 
 def test_repeated_message_id_in_a_waiting_turn_is_taken_once(client: Any) -> None:
     make_agents(client)
     create_agent(client, "stuck", scripted(OVERLOADED), policy=PARK_MODEL)
     turn = park(client, "stuck", "WAITING_FOR_MODEL")
-    accepted(client.post(f"/v1/turns/{turn['id']}/messages",
-                         json={"content": "ping", "message_id": "same"}))
+    accepted(
+        client.post(
+            f"/v1/turns/{turn['id']}/messages", json={"content": "ping", "message_id": "same"}
+        )
+    )
     # the answer said RUNNING: it ran again, failed again and parked again
     parked = wait_status(client, turn["id"], "WAITING_FOR_MODEL")
     assert len([e for e in events(client, turn["id"]) if e["type"] == "model_attempt"]) == 2
     before = snapshot(client, parked["id"])
-    again = accepted(client.post(f"/v1/turns/{turn['id']}/messages",
-                                 json={"content": "ping", "message_id": "same"}))
+    again = accepted(
+        client.post(
+            f"/v1/turns/{turn['id']}/messages", json={"content": "ping", "message_id": "same"}
+        )
+    )
     assert again["version"] == before[0]["version"]
     assert snapshot(client, parked["id"]) == before
-    assert [m["content"] for m in messages(client, turn["id"]) if m["role"] == "user"] == \
-        ["hi", "ping"]
+    assert [m["content"] for m in messages(client, turn["id"]) if m["role"] == "user"] == [
+        "hi",
+        "ping",
+    ]
 
 
 class _Gate:
@@ -564,17 +642,24 @@ def gate() -> Iterator[_Gate]:
 
 
 def test_user_message_in_running_is_queued_before_the_next_model_call(
-        client: Any, gate: _Gate) -> None:
+    client: Any, gate: _Gate
+) -> None:
     tool = {"name": "gate", "description": "Waits.", "kind": "http", "url": gate.url}
-    create_agent(client, "gated", scripted(
-        {"tool_calls": [{"name": "gate", "arguments": {}}]}, {"content": "after the gate"}),
-        tools=[tool])
+    create_agent(
+        client,
+        "gated",
+        scripted(
+            {"tool_calls": [{"name": "gate", "arguments": {}}]}, {"content": "after the gate"}
+        ),
+        tools=[tool],
+    )
     turn = create_turn(client, "gated", "go")
     assert gate.entered.wait(20)
     running = client.get(f"/v1/turns/{turn['id']}").json()
     assert running["status"] == "RUNNING"
-    queued = accepted(client.post(f"/v1/turns/{turn['id']}/messages",
-                                  json={"content": "one more thing"}))
+    queued = accepted(
+        client.post(f"/v1/turns/{turn['id']}/messages", json={"content": "one more thing"})
+    )
     assert queued["status"] == "RUNNING"
     assert [m["role"] for m in messages(client, turn["id"])] == ["user", "assistant"]
     gate.open.set()
@@ -611,9 +696,12 @@ def test_tool_results_then_the_turn_runs_on(client: Any, form: str) -> None:
     problem(send({"tool_call_id": first, "content": "again"}, "TOOL_RESULT"), "invalid_state")
     assert snapshot(client, turn["id"]) == before
 
-    resumed = accepted(send({"tool_call_id": second,
-                             "error": {"code": "not_found", "message": "no such record"}},
-                            "TOOL_ERROR"))
+    resumed = accepted(
+        send(
+            {"tool_call_id": second, "error": {"code": "not_found", "message": "no such record"}},
+            "TOOL_ERROR",
+        )
+    )
     assert resumed["status"] == "RUNNING"
     assert resumed["pending_tool_calls"] == []
     done = wait_status(client, turn["id"], "COMPLETED")
@@ -628,12 +716,20 @@ def test_tool_results_then_the_turn_runs_on(client: Any, form: str) -> None:
 
 
 def test_text_tool_result_is_kept_as_written(client: Any) -> None:
-    create_agent(client, "one", scripted({"tool_calls": [{"name": "lookup", "arguments": {}}]},
-                                         {"content": "ok"}), tools=[EXTERNAL])
+    create_agent(
+        client,
+        "one",
+        scripted({"tool_calls": [{"name": "lookup", "arguments": {}}]}, {"content": "ok"}),
+        tools=[EXTERNAL],
+    )
     turn = park(client, "one", "WAITING_FOR_TOOL")
     call = turn["pending_tool_calls"][0]["id"]
-    accepted(client.post(f"/v1/turns/{turn['id']}/tool-results",
-                         json={"tool_call_id": call, "content": "plain text, not JSON"}))
+    accepted(
+        client.post(
+            f"/v1/turns/{turn['id']}/tool-results",
+            json={"tool_call_id": call, "content": "plain text, not JSON"},
+        )
+    )
     wait_status(client, turn["id"], "COMPLETED")
     tool_msgs = [m for m in messages(client, turn["id"]) if m["role"] == "tool"]
     assert [m["content"] for m in tool_msgs] == ["plain text, not JSON"]
@@ -655,10 +751,13 @@ def test_concurrent_results_for_one_call_are_taken_once(client: Any) -> None:
     make_agents(client)
     turn = park(client, "asks", "WAITING_FOR_TOOL")
     first = turn["pending_tool_calls"][0]["id"]
-    answers = _at_once(8, lambda: client.post(f"/v1/turns/{turn['id']}/tool-results",
-                                              json={"tool_call_id": first, "content": "r"}))
-    assert sorted(r.status_code for r in answers) == [202] + [409] * 7, \
-        [r.text for r in answers]
+    answers = _at_once(
+        8,
+        lambda: client.post(
+            f"/v1/turns/{turn['id']}/tool-results", json={"tool_call_id": first, "content": "r"}
+        ),
+    )
+    assert sorted(r.status_code for r in answers) == [202] + [409] * 7, [r.text for r in answers]
     assert {r.json()["code"] for r in answers if r.status_code == 409} == {"invalid_state"}
     tool_msgs = [m for m in messages(client, turn["id"]) if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == [first]
@@ -670,8 +769,12 @@ def test_concurrent_results_for_one_call_are_taken_once(client: Any) -> None:
 def test_concurrent_messages_with_one_id_are_taken_once(api_only: Any) -> None:
     make_agents(api_only)
     turn = create_turn(api_only, "quick")
-    answers = _at_once(8, lambda: api_only.post(
-        f"/v1/turns/{turn['id']}/messages", json={"content": "once", "message_id": "m"}))
+    answers = _at_once(
+        8,
+        lambda: api_only.post(
+            f"/v1/turns/{turn['id']}/messages", json={"content": "once", "message_id": "m"}
+        ),
+    )
     assert [r.status_code for r in answers] == [202] * 8, [r.text for r in answers]
     assert command_events(api_only, turn["id"]) == ["USER_MESSAGE"]
     assert api_only.get(f"/v1/turns/{turn['id']}").json()["version"] == turn["version"] + 1
@@ -712,15 +815,21 @@ def test_cancel_of_a_turn_waiting_for_tools_closes_the_transcript_once(client: A
 
 
 def test_cancel_of_a_ready_turn_uses_the_policy_reason(api_only: Any) -> None:
-    create_agent(api_only, "polite", scripted({"content": "x"}),
-                 policy={"cancellation_reason": "stopped by the operator"})
+    create_agent(
+        api_only,
+        "polite",
+        scripted({"content": "x"}),
+        policy={"cancellation_reason": "stopped by the operator"},
+    )
     turn = create_turn(api_only, "polite")
     done = accepted(api_only.post(f"/v1/turns/{turn['id']}/cancel"))
     assert done["status"] == "CANCELLED"
     assert done["status_reason"] == "stopped by the operator"
     msgs = messages(api_only, turn["id"])
     assert [(m["role"], m["content"]) for m in msgs] == [
-        ("user", "hi"), ("assistant", "This turn ended before completion: stopped by the operator")]
+        ("user", "hi"),
+        ("assistant", "This turn ended before completion: stopped by the operator"),
+    ]
 
 
 def test_cancel_of_a_scheduled_retry_resets_the_consecutive_count(client: Any) -> None:
@@ -760,15 +869,18 @@ def test_cancel_of_a_finished_turn_is_turn_finished(client: Any) -> None:
 
 @pytest.mark.parametrize("command", ["retry-model", "messages"])
 def test_commands_reset_the_consecutive_count_but_never_retry_count(
-        client: Any, command: str) -> None:
+    client: Any, command: str
+) -> None:
     make_agents(client)
     turn = park(client, "twice", "WAITING_FOR_MODEL")
     # one retry scheduled and taken by the scheduler, then the retries were exhausted
     assert turn["retry_count"] == 1
     assert turn["consecutive_retry_count"] == 1
     if command == "retry-model":
-        r = client.post(f"/v1/turns/{turn['id']}/retry-model",
-                        json={"failure_id": turn["last_error"]["failure_id"]})
+        r = client.post(
+            f"/v1/turns/{turn['id']}/retry-model",
+            json={"failure_id": turn["last_error"]["failure_id"]},
+        )
     else:
         r = client.post(f"/v1/turns/{turn['id']}/messages", json={"content": "go on"})
     resumed = accepted(r)

@@ -16,8 +16,20 @@ from app.main import create_app
 from tests.conftest import make_settings
 from tests.helpers import create_agent, create_turn, scripted
 
-LEAKS = ("Traceback", 'File "', "SELECT ", "INSERT ", "UPDATE turns", "sqlalchemy", "psycopg",
-         "sqlite3", "127.0.0.1", "/work/", ".py", "db-host.internal")
+LEAKS = (
+    "Traceback",
+    'File "',
+    "SELECT ",
+    "INSERT ",
+    "UPDATE turns",
+    "sqlalchemy",
+    "psycopg",
+    "sqlite3",
+    "127.0.0.1",
+    "/work/",
+    ".py",
+    "db-host.internal",
+)
 
 
 def assert_problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -46,10 +58,15 @@ def wait_for(c: Any, turn_id: str, status: str, timeout_s: float = 20.0) -> dict
 
 
 def test_every_fixed_409_and_404_code_is_a_problem(client: Any) -> None:
-    create_agent(client, "flaky", scripted({"error": {"status": 503}}),
-                 policy={"retry": {"max_retries": 0}})
-    create_agent(client, "later", scripted({"error": {"status": 503}}),
-                 policy={"retry": {"max_retries": 1, "initial_delay_ms": 60_000}})
+    create_agent(
+        client, "flaky", scripted({"error": {"status": 503}}), policy={"retry": {"max_retries": 0}}
+    )
+    create_agent(
+        client,
+        "later",
+        scripted({"error": {"status": 503}}),
+        policy={"retry": {"max_retries": 1, "initial_delay_ms": 60_000}},
+    )
     create_agent(client, "quick", scripted({"content": "hi"}))
     waiting = create_turn(client, "flaky", conversation_id="busy-conv")
     scheduled = create_turn(client, "later")
@@ -60,31 +77,55 @@ def test_every_fixed_409_and_404_code_is_a_problem(client: Any) -> None:
 
     assert_problem(client.get("/v1/turns/turn_missing"), 404, "not_found")
     assert_problem(client.get("/v1/agents/missing"), 404, "not_found")
-    body = assert_problem(client.post(f"/v1/turns/{waiting['id']}/retry", json={}), 409,
-                          "invalid_state")
+    body = assert_problem(
+        client.post(f"/v1/turns/{waiting['id']}/retry", json={}), 409, "invalid_state"
+    )
     assert body["turn_status"] == "WAITING_FOR_MODEL"
-    body = assert_problem(client.post(f"/v1/turns/{scheduled['id']}/retry", json={}), 409,
-                          "not_due")
+    body = assert_problem(
+        client.post(f"/v1/turns/{scheduled['id']}/retry", json={}), 409, "not_due"
+    )
     assert body["next_runnable_at"]
-    assert_problem(client.post(f"/v1/turns/{waiting['id']}/retry-model",
-                               json={"failure_id": "fail_old"}), 409, "stale_failure")
-    assert_problem(client.post("/v1/turns", json={"agent": "quick", "input": "x",
-                                                  "conversation_id": "busy-conv"}),
-                   409, "conversation_busy")
-    body = assert_problem(client.post(f"/v1/turns/{done['id']}/messages",
-                                      json={"content": "late"}), 409, "turn_finished")
+    assert_problem(
+        client.post(f"/v1/turns/{waiting['id']}/retry-model", json={"failure_id": "fail_old"}),
+        409,
+        "stale_failure",
+    )
+    assert_problem(
+        client.post(
+            "/v1/turns", json={"agent": "quick", "input": "x", "conversation_id": "busy-conv"}
+        ),
+        409,
+        "conversation_busy",
+    )
+    body = assert_problem(
+        client.post(f"/v1/turns/{done['id']}/messages", json={"content": "late"}),
+        409,
+        "turn_finished",
+    )
     assert body["turn_status"] == "COMPLETED"
-    first = client.post("/v1/turns", json={"agent": "quick", "input": "a"},
-                        headers={"Idempotency-Key": "same"})
+    first = client.post(
+        "/v1/turns", json={"agent": "quick", "input": "a"}, headers={"Idempotency-Key": "same"}
+    )
     assert first.status_code == 201
-    assert_problem(client.post("/v1/turns", json={"agent": "quick", "input": "b"},
-                               headers={"Idempotency-Key": "same"}), 409,
-                   "idempotency_conflict")
+    assert_problem(
+        client.post(
+            "/v1/turns", json={"agent": "quick", "input": "b"}, headers={"Idempotency-Key": "same"}
+        ),
+        409,
+        "idempotency_conflict",
+    )
 
 
-POSTS = ["/v1/agents", "/v1/turns", "/v1/turns/{id}/resume", "/v1/turns/{id}/retry",
-         "/v1/turns/{id}/retry-model", "/v1/turns/{id}/messages",
-         "/v1/turns/{id}/tool-results", "/v1/turns/{id}/cancel"]
+POSTS = [
+    "/v1/agents",
+    "/v1/turns",
+    "/v1/turns/{id}/resume",
+    "/v1/turns/{id}/retry",
+    "/v1/turns/{id}/retry-model",
+    "/v1/turns/{id}/messages",
+    "/v1/turns/{id}/tool-results",
+    "/v1/turns/{id}/cancel",
+]
 
 
 def test_malformed_json_is_422_on_every_post(api_only: Any) -> None:
@@ -151,13 +192,17 @@ def test_nul_characters_are_refused_or_kept_never_a_500(api_only: Any) -> None:
     turn = create_turn(api_only, "a")
     sends = [
         lambda: api_only.post("/v1/turns", json={"agent": "a", "input": "x\u0000y"}),
-        lambda: api_only.post("/v1/turns", json={"agent": "a", "input": "x",
-                                                 "metadata": {"k": "v\u0000"}}),
-        lambda: api_only.post("/v1/agents", json={"name": "b", "description": "d\u0000",
-                                                  "model": scripted({"content": "x"})}),
+        lambda: api_only.post(
+            "/v1/turns", json={"agent": "a", "input": "x", "metadata": {"k": "v\u0000"}}
+        ),
+        lambda: api_only.post(
+            "/v1/agents",
+            json={"name": "b", "description": "d\u0000", "model": scripted({"content": "x"})},
+        ),
         lambda: api_only.get("/v1/turns", params={"agent": "a\u0000"}),
-        lambda: api_only.post(f"/v1/turns/{turn['id']}/messages",
-                              json={"content": "m\u0000", "message_id": "id-1"}),
+        lambda: api_only.post(
+            f"/v1/turns/{turn['id']}/messages", json={"content": "m\u0000", "message_id": "id-1"}
+        ),
     ]
     for send in sends:
         r = send()
@@ -187,8 +232,10 @@ def fragile(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient
     from app.store import agents as agents_store
 
     def boom(*_: Any, **__: Any) -> Any:
-        raise RuntimeError("SELECT secret FROM agents -- db-host.internal:5432\n"
-                           'Traceback (most recent call last):\n  File "/work/app.py"')
+        raise RuntimeError(
+            "SELECT secret FROM agents -- db-host.internal:5432\n"
+            'Traceback (most recent call last):\n  File "/work/app.py"'
+        )
 
     monkeypatch.setattr(agents_store, "list_latest", boom)
     app = create_app(make_settings(db_url), run_worker=False)

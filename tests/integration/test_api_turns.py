@@ -25,13 +25,36 @@ from tests.helpers import (
     wait_status,
 )
 
-TURN_KEYS = {"id", "agent", "conversation_id", "status", "status_reason", "created_at",
-             "updated_at", "started_at", "finished_at", "retry_count",
-             "consecutive_retry_count", "next_runnable_at", "counters", "execution_policy",
-             "last_error", "pending_tool_calls", "output", "cancel_requested", "metadata",
-             "version"}
-COUNTER_KEYS = {"iterations", "steps", "tool_calls", "input_tokens", "output_tokens",
-                "total_tokens"}
+TURN_KEYS = {
+    "id",
+    "agent",
+    "conversation_id",
+    "status",
+    "status_reason",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "retry_count",
+    "consecutive_retry_count",
+    "next_runnable_at",
+    "counters",
+    "execution_policy",
+    "last_error",
+    "pending_tool_calls",
+    "output",
+    "cancel_requested",
+    "metadata",
+    "version",
+}
+COUNTER_KEYS = {
+    "iterations",
+    "steps",
+    "tool_calls",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+}
 
 
 def _problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -53,8 +76,9 @@ def _all_turns(c: Any, **params: Any) -> list[dict[str, Any]]:
 
 def test_create_is_201_ready_with_the_full_turn(api_only: Any) -> None:
     create_agent(api_only, "greeter", scripted({"content": "hi"}), system_prompt="be kind")
-    r = api_only.post("/v1/turns", json={"agent": "greeter", "input": "hello",
-                                         "metadata": {"ticket": "T-1"}})
+    r = api_only.post(
+        "/v1/turns", json={"agent": "greeter", "input": "hello", "metadata": {"ticket": "T-1"}}
+    )
     assert r.status_code == 201, r.text
     turn = r.json()
     assert set(turn) == TURN_KEYS
@@ -87,8 +111,12 @@ def test_create_is_201_ready_with_the_full_turn(api_only: Any) -> None:
 
 
 def test_turn_policy_replaces_the_agents_whole(api_only: Any) -> None:
-    create_agent(api_only, "careful", scripted({"content": "x"}),
-                 policy={"max_iterations": 7, "retry": {"max_retries": 3, "jitter": 0.5}})
+    create_agent(
+        api_only,
+        "careful",
+        scripted({"content": "x"}),
+        policy={"max_iterations": 7, "retry": {"max_retries": 3, "jitter": 0.5}},
+    )
     from_agent = create_turn(api_only, "careful")
     assert from_agent["execution_policy"]["max_iterations"] == 7
     assert from_agent["execution_policy"]["retry"]["max_retries"] == 3
@@ -110,24 +138,28 @@ def test_invalid_turn_policy_is_422_naming_the_field(api_only: Any) -> None:
         "body.execution_policy.retry.multiplier": {"retry": {"multiplier": 0.5}},
         "body.execution_policy.retry.jitter": {"retry": {"jitter": 2}},
         "body.execution_policy.retry.retry_on.0": {"retry": {"retry_on": ["nope"]}},
-        "body.execution_policy.interrupted_turn_message_template":
-            {"interrupted_turn_message_template": "{why}"},
+        "body.execution_policy.interrupted_turn_message_template": {
+            "interrupted_turn_message_template": "{why}"
+        },
         "body.execution_policy.budget.max_tool_calls": {"budget": {"max_tool_calls": -1}},
     }
     for field, policy in cases.items():
-        r = api_only.post("/v1/turns", json={"agent": "a", "input": "x",
-                                             "execution_policy": policy})
+        r = api_only.post(
+            "/v1/turns", json={"agent": "a", "input": "x", "execution_policy": policy}
+        )
         problem = _problem(r, 422, "validation_error")
         assert field in [e["field"] for e in problem["errors"]], (field, problem)
     assert _all_turns(api_only) == []
 
 
 def test_create_with_unknown_agent_or_version_is_404(api_only: Any) -> None:
-    _problem(api_only.post("/v1/turns", json={"agent": "ghost", "input": "x"}), 404,
-             "not_found")
+    _problem(api_only.post("/v1/turns", json={"agent": "ghost", "input": "x"}), 404, "not_found")
     create_agent(api_only, "real", scripted({"content": "x"}))
-    _problem(api_only.post("/v1/turns", json={"agent": "real", "agent_version": 2,
-                                              "input": "x"}), 404, "not_found")
+    _problem(
+        api_only.post("/v1/turns", json={"agent": "real", "agent_version": 2, "input": "x"}),
+        404,
+        "not_found",
+    )
     assert _all_turns(api_only) == []
 
 
@@ -143,8 +175,10 @@ def test_agent_version_is_pinned_at_creation(db_url: str, api_only: Any) -> None
     # a third version after all of them were created changes none of them
     create_agent(api_only, "pin", scripted({"content": "three"}))
     with api_client(db_url) as worker:
-        outputs = {t["id"]: wait_status(worker, t["id"], "COMPLETED")
-                   for t in (made_at_v1, latest, asked_v1)}
+        outputs = {
+            t["id"]: wait_status(worker, t["id"], "COMPLETED")
+            for t in (made_at_v1, latest, asked_v1)
+        }
     assert outputs[made_at_v1["id"]]["output"] == "one"
     assert outputs[made_at_v1["id"]]["agent"]["version"] == 1
     assert outputs[latest["id"]]["output"] == "two"
@@ -164,8 +198,9 @@ def test_idempotency_key_replays_or_conflicts(api_only: Any) -> None:
     assert replay.json()["id"] == first.json()["id"]
     assert len(_all_turns(api_only)) == 1
 
-    other = api_only.post("/v1/turns", json={**body, "input": "something else"},
-                          headers={"Idempotency-Key": "key-1"})
+    other = api_only.post(
+        "/v1/turns", json={**body, "input": "something else"}, headers={"Idempotency-Key": "key-1"}
+    )
     problem = _problem(other, 409, "idempotency_conflict")
     assert problem["status"] == 409
     assert len(_all_turns(api_only)) == 1
@@ -204,8 +239,9 @@ def _at_once(n: int, call: Any) -> list[httpx.Response]:
 def test_concurrent_creates_with_one_key_make_one_turn(api_only: Any) -> None:
     create_agent(api_only, "idem", scripted({"content": "x"}))
     body = {"agent": "idem", "input": "race"}
-    answers = _at_once(8, lambda: api_only.post("/v1/turns", json=body,
-                                                headers={"Idempotency-Key": "raced"}))
+    answers = _at_once(
+        8, lambda: api_only.post("/v1/turns", json=body, headers={"Idempotency-Key": "raced"})
+    )
     codes = sorted(r.status_code for r in answers)
     assert codes == [200] * 7 + [201], [r.text for r in answers]
     assert len({r.json()["id"] for r in answers}) == 1
@@ -217,10 +253,13 @@ def test_concurrent_creates_with_one_key_make_one_turn(api_only: Any) -> None:
 
 def test_concurrent_creates_in_one_conversation_make_one_turn(api_only: Any) -> None:
     create_agent(api_only, "chat", scripted({"content": "x"}))
-    answers = _at_once(8, lambda: api_only.post("/v1/turns", json={
-        "agent": "chat", "input": "race", "conversation_id": "raced"}))
-    assert sorted(r.status_code for r in answers) == [201] + [409] * 7, \
-        [r.text for r in answers]
+    answers = _at_once(
+        8,
+        lambda: api_only.post(
+            "/v1/turns", json={"agent": "chat", "input": "race", "conversation_id": "raced"}
+        ),
+    )
+    assert sorted(r.status_code for r in answers) == [201] + [409] * 7, [r.text for r in answers]
     for r in answers:
         if r.status_code == 409:
             assert r.json()["code"] == "conversation_busy"
@@ -231,8 +270,9 @@ def test_conversation_has_one_live_turn(api_only: Any) -> None:
     create_agent(api_only, "chat", scripted({"content": "x"}))
     first = create_turn(api_only, "chat", "one", conversation_id="conv-1")
     assert first["conversation_id"] == "conv-1"
-    busy = api_only.post("/v1/turns", json={"agent": "chat", "input": "two",
-                                            "conversation_id": "conv-1"})
+    busy = api_only.post(
+        "/v1/turns", json={"agent": "chat", "input": "two", "conversation_id": "conv-1"}
+    )
     _problem(busy, 409, "conversation_busy")
     assert [t["id"] for t in _all_turns(api_only, conversation_id="conv-1")] == [first["id"]]
     # another conversation is not affected
@@ -252,8 +292,12 @@ def test_conversation_turn_starts_from_history(db_url: str, fake_llm: str) -> No
     root = fake_llm.removesuffix("/v1")
     conv = f"c-{uuid.uuid4().hex[:8]}"
     with api_client(db_url) as c:
-        create_agent(c, "talker", {"provider": "openai", "model": model, "base_url": fake_llm},
-                     system_prompt="you echo")
+        create_agent(
+            c,
+            "talker",
+            {"provider": "openai", "model": model, "base_url": fake_llm},
+            system_prompt="you echo",
+        )
         t1 = create_turn(c, "talker", "first question", conversation_id=conv)
         done1 = wait_status(c, t1["id"], TERMINAL)
         assert done1["status"] == "COMPLETED", done1
@@ -269,16 +313,23 @@ def test_conversation_turn_starts_from_history(db_url: str, fake_llm: str) -> No
         assert stats["message_counts"] == [2, 4]
         assert messages(c, t1["id"]) == before
         own = [(m["role"], m["content"]) for m in messages(c, t2["id"])]
-        assert own == [("system", "you echo"), ("user", "second question"),
-                       ("assistant", "echo: second question")]
+        assert own == [
+            ("system", "you echo"),
+            ("user", "second question"),
+            ("assistant", "echo: second question"),
+        ]
 
 
 # ---- read --------------------------------------------------------------------------------
 
 
 def test_unknown_turn_is_404_everywhere(api_only: Any) -> None:
-    for path in ("/v1/turns/turn_nope", "/v1/turns/turn_nope/messages",
-                 "/v1/turns/turn_nope/events", "/v1/turns/turn_nope?wait_ms=50&after_version=1"):
+    for path in (
+        "/v1/turns/turn_nope",
+        "/v1/turns/turn_nope/messages",
+        "/v1/turns/turn_nope/events",
+        "/v1/turns/turn_nope?wait_ms=50&after_version=1",
+    ):
         _problem(api_only.get(path), 404, "not_found")
     r = api_only.get("/v1/turns/turn_nope/events", headers={"Accept": "text/event-stream"})
     _problem(r, 404, "not_found")
@@ -306,8 +357,7 @@ def test_list_newest_first_with_filters(api_only: Any) -> None:
     created = [t["created_at"] for t in everything]
     assert created == sorted(created, reverse=True)
 
-    assert [t["id"] for t in _all_turns(api_only, status="READY")] == \
-        [ids[4], ids[3], ids[0]]
+    assert [t["id"] for t in _all_turns(api_only, status="READY")] == [ids[4], ids[3], ids[0]]
     assert [t["id"] for t in _all_turns(api_only, status="CANCELLED")] == [ids[2], ids[1]]
     both = api_only.get("/v1/turns", params=[("status", "READY"), ("status", "CANCELLED")])
     assert [t["id"] for t in both.json()["items"]] == ids[::-1]
@@ -317,8 +367,7 @@ def test_list_newest_first_with_filters(api_only: Any) -> None:
     assert [t["id"] for t in _all_turns(api_only, agent="ag_1")] == [ids[4], ids[2], ids[0]]
     assert [t["id"] for t in _all_turns(api_only, agent="agX1")] == [ids[3], ids[1]]
     assert [t["id"] for t in _all_turns(api_only, conversation_id="x_y")] == [ids[0]]
-    assert [t["id"] for t in _all_turns(api_only, agent="ag_1", status="CANCELLED")] == \
-        [ids[2]]
+    assert [t["id"] for t in _all_turns(api_only, agent="ag_1", status="CANCELLED")] == [ids[2]]
     assert _all_turns(api_only, agent="nobody") == []
 
 
@@ -352,8 +401,9 @@ def test_list_pages_with_cursor_without_gaps_or_duplicates(api_only: Any) -> Non
 
     # filters hold across pages
     first = api_only.get("/v1/turns", params={"limit": 2, "agent": "pager"}).json()
-    rest = api_only.get("/v1/turns", params={"limit": 200, "agent": "pager",
-                                             "cursor": first["next_cursor"]}).json()
+    rest = api_only.get(
+        "/v1/turns", params={"limit": 200, "agent": "pager", "cursor": first["next_cursor"]}
+    ).json()
     assert [t["id"] for t in first["items"] + rest["items"]] == ids[::-1]
 
 
@@ -386,8 +436,17 @@ def test_bad_list_parameters_are_422(api_only: Any) -> None:
 def test_filters_with_sql_metacharacters_match_nothing(api_only: Any) -> None:
     create_agent(api_only, "a", scripted({"content": "x"}))
     ids = {create_turn(api_only, "a")["id"] for _ in range(3)}
-    for value in ("' OR 1=1 --", "%", "_", "a%", "%a%", "'; DROP TABLE turns; --", '"', "\\",
-                  "a' OR 'a'='a"):
+    for value in (
+        "' OR 1=1 --",
+        "%",
+        "_",
+        "a%",
+        "%a%",
+        "'; DROP TABLE turns; --",
+        '"',
+        "\\",
+        "a' OR 'a'='a",
+    ):
         for key in ("agent", "conversation_id"):
             r = api_only.get("/v1/turns", params={key: value})
             assert r.status_code == 200, (key, value, r.text)
@@ -400,11 +459,19 @@ def test_filters_with_sql_metacharacters_match_nothing(api_only: Any) -> None:
 
 
 def test_messages_and_events_of_a_completed_turn(client: Any) -> None:
-    create_agent(client, "calc", scripted(
-        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "2+3"}}],
-         "usage": {"input_tokens": 10, "output_tokens": 4}},
-        {"content": "five", "usage": {"input_tokens": 20, "output_tokens": 2}},
-    ), tools=[CALCULATOR], system_prompt="be brief")
+    create_agent(
+        client,
+        "calc",
+        scripted(
+            {
+                "tool_calls": [{"name": "calculator", "arguments": {"expression": "2+3"}}],
+                "usage": {"input_tokens": 10, "output_tokens": 4},
+            },
+            {"content": "five", "usage": {"input_tokens": 20, "output_tokens": 2}},
+        ),
+        tools=[CALCULATOR],
+        system_prompt="be brief",
+    )
     turn = create_turn(client, "calc", "2+3?")
     done = wait_status(client, turn["id"], TERMINAL)
     assert done["status"] == "COMPLETED", done
@@ -452,19 +519,34 @@ def test_messages_and_events_of_a_completed_turn(client: Any) -> None:
     r = client.get(f"/v1/turns/{turn['id']}/events", params={"after": seqs[-1]})
     assert r.json()["items"] == []
     for bad in ("-1", "x"):
-        _problem(client.get(f"/v1/turns/{turn['id']}/events", params={"after": bad}), 422,
-                 "validation_error")
+        _problem(
+            client.get(f"/v1/turns/{turn['id']}/events", params={"after": bad}),
+            422,
+            "validation_error",
+        )
 
 
 def test_failed_model_shows_last_error(client: Any) -> None:
-    create_agent(client, "broken", scripted(
-        {"error": {"status": 401, "message": "bad key for http://10.1.2.3:8080/v1"}}))
+    create_agent(
+        client,
+        "broken",
+        scripted({"error": {"status": 401, "message": "bad key for http://10.1.2.3:8080/v1"}}),
+    )
     turn = create_turn(client, "broken")
     parked = wait_status(client, turn["id"], {"WAITING_FOR_MODEL", *TERMINAL})
     assert parked["status"] == "WAITING_FOR_MODEL"
     err = parked["last_error"]
-    assert set(err) >= {"failure_id", "source", "error_class", "http_status", "code",
-                        "message", "retryable", "retry_after_ms", "at"}
+    assert set(err) >= {
+        "failure_id",
+        "source",
+        "error_class",
+        "http_status",
+        "code",
+        "message",
+        "retryable",
+        "retry_after_ms",
+        "at",
+    }
     assert err["source"] == "model"
     assert err["error_class"] == "auth"
     assert err["http_status"] == 401
@@ -497,10 +579,18 @@ def test_a_tool_answer_with_a_nul_character_does_not_fail_the_turn(client: Any) 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        tool = {"name": "odd", "description": "Answers a NUL.", "kind": "http",
-                "url": f"http://127.0.0.1:{server.server_address[1]}/odd"}
-        create_agent(client, "odd", scripted({"tool_calls": [{"name": "odd", "arguments": {}}]},
-                                             {"content": "ok"}), tools=[tool])
+        tool = {
+            "name": "odd",
+            "description": "Answers a NUL.",
+            "kind": "http",
+            "url": f"http://127.0.0.1:{server.server_address[1]}/odd",
+        }
+        create_agent(
+            client,
+            "odd",
+            scripted({"tool_calls": [{"name": "odd", "arguments": {}}]}, {"content": "ok"}),
+            tools=[tool],
+        )
         turn = create_turn(client, "odd")
         done = wait_status(client, turn["id"], TERMINAL)
         assert done["status"] == "COMPLETED", done["status_reason"]

@@ -84,8 +84,7 @@ def test_long_poll_follows_a_worker_to_the_end(client: Any) -> None:
     statuses = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        r = client.get(f"/v1/turns/{turn['id']}",
-                       params={"wait_ms": 10000, "after_version": seen})
+        r = client.get(f"/v1/turns/{turn['id']}", params={"wait_ms": 10000, "after_version": seen})
         assert r.status_code == 200
         now = r.json()
         assert now["version"] >= seen
@@ -101,8 +100,9 @@ def test_long_poll_without_a_change_answers_the_same_turn_after_wait_ms(api_only
     create_agent(api_only, "a", scripted({"content": "x"}))
     turn = create_turn(api_only, "a")
     started = time.monotonic()
-    r = api_only.get(f"/v1/turns/{turn['id']}",
-                     params={"wait_ms": 300, "after_version": turn["version"]})
+    r = api_only.get(
+        f"/v1/turns/{turn['id']}", params={"wait_ms": 300, "after_version": turn["version"]}
+    )
     elapsed = time.monotonic() - started
     assert r.status_code == 200
     assert r.json() == turn
@@ -110,8 +110,9 @@ def test_long_poll_without_a_change_answers_the_same_turn_after_wait_ms(api_only
 
     # a version already passed, or no wait asked: answered at once
     started = time.monotonic()
-    r = api_only.get(f"/v1/turns/{turn['id']}",
-                     params={"wait_ms": 10000, "after_version": turn["version"] - 1})
+    r = api_only.get(
+        f"/v1/turns/{turn['id']}", params={"wait_ms": 10000, "after_version": turn["version"] - 1}
+    )
     assert r.json() == turn
     r = api_only.get(f"/v1/turns/{turn['id']}", params={"after_version": turn["version"]})
     assert r.json() == turn
@@ -126,8 +127,10 @@ def test_a_claimed_turn_shows_running(db_url: str) -> None:
         create_agent(c, "slow", slow)
         turn = create_turn(c, "slow")
         try:
-            r = c.get(f"/v1/turns/{turn['id']}",
-                      params={"wait_ms": 8000, "after_version": turn["version"]})
+            r = c.get(
+                f"/v1/turns/{turn['id']}",
+                params={"wait_ms": 8000, "after_version": turn["version"]},
+            )
             now = r.json()
             assert now["status"] == "RUNNING", now
             assert now["started_at"] is not None
@@ -176,8 +179,7 @@ def all_events(c: Any, turn_id: str) -> list[dict[str, Any]]:
     """The whole event log, following `after` page by page."""
     out: list[dict[str, Any]] = []
     while True:
-        r = c.get(f"/v1/turns/{turn_id}/events",
-                  params={"after": out[-1]["seq"] if out else 0})
+        r = c.get(f"/v1/turns/{turn_id}/events", params={"after": out[-1]["seq"] if out else 0})
         assert r.status_code == 200
         page = r.json()["items"]
         if not page:
@@ -190,7 +192,8 @@ def test_event_stream_follows_a_turn_until_it_is_terminal(client: Any) -> None:
     turn = create_turn(client, "calc")
     stream = Background(lambda: read_sse(client, f"/v1/turns/{turn['id']}/events"))
     content_type, frames = stream.join(
-        30, on_timeout=lambda: client.post(f"/v1/turns/{turn['id']}/cancel", json={}))
+        30, on_timeout=lambda: client.post(f"/v1/turns/{turn['id']}/cancel", json={})
+    )
     assert content_type.startswith("text/event-stream")
     streamed = check_frames(frames)
     assert [e["seq"] for e in streamed] == list(range(1, len(streamed) + 1))
@@ -200,8 +203,12 @@ def test_event_stream_follows_a_turn_until_it_is_terminal(client: Any) -> None:
 
 
 def test_event_stream_after_seq_sends_only_later_events(client: Any) -> None:
-    create_agent(client, "flaky", scripted({"error": {"status": 503}}, {"content": "ok"}),
-                 policy={"retry": {"max_retries": 0}})
+    create_agent(
+        client,
+        "flaky",
+        scripted({"error": {"status": 503}}, {"content": "ok"}),
+        policy={"retry": {"max_retries": 0}},
+    )
     turn = create_turn(client, "flaky")
     parked = wait_status(client, turn["id"], "WAITING_FOR_MODEL")
     known = events(client, turn["id"])
@@ -209,11 +216,14 @@ def test_event_stream_after_seq_sends_only_later_events(client: Any) -> None:
     path = f"/v1/turns/{turn['id']}/events?after={after}"
     stream = Background(lambda: read_sse(client, path))
     time.sleep(0.3)  # most likely streaming by now; the answer must be right either way
-    r = client.post(f"/v1/turns/{turn['id']}/retry-model",
-                    json={"failure_id": parked["last_error"]["failure_id"]})
+    r = client.post(
+        f"/v1/turns/{turn['id']}/retry-model",
+        json={"failure_id": parked["last_error"]["failure_id"]},
+    )
     assert r.status_code == 202, r.text
     _, frames = stream.join(
-        30, on_timeout=lambda: client.post(f"/v1/turns/{turn['id']}/cancel", json={}))
+        30, on_timeout=lambda: client.post(f"/v1/turns/{turn['id']}/cancel", json={})
+    )
     streamed = check_frames(frames)
     assert streamed, "nothing streamed"
     assert [e["seq"] for e in streamed] == list(range(after + 1, after + 1 + len(streamed)))
@@ -230,8 +240,7 @@ def test_event_stream_of_a_finished_turn_sends_everything_and_ends(client: Any) 
     _, frames = stream.join(30)
     assert check_frames(frames) == events(client, turn["id"])
     third = events(client, turn["id"])[2]["seq"]
-    stream = Background(lambda: read_sse(client,
-                                         f"/v1/turns/{turn['id']}/events?after={third}"))
+    stream = Background(lambda: read_sse(client, f"/v1/turns/{turn['id']}/events?after={third}"))
     _, frames = stream.join(30)
     assert check_frames(frames) == events(client, turn["id"])[3:]
 
@@ -239,10 +248,14 @@ def test_event_stream_of_a_finished_turn_sends_everything_and_ends(client: Any) 
 def test_a_long_event_log_is_streamed_and_paged_in_full(client: Any) -> None:
     """More events than one read returns: the JSON form pages with `after`, the stream
     sends them all before it ends."""
-    many_calls = {"tool_calls": [{"name": "calculator", "arguments": {"expression": f"{i}+1"}}
-                                 for i in range(25)]}
-    create_agent(client, "busy", scripted(many_calls), tools=[CALCULATOR],
-                 policy={"max_steps": 1100})
+    many_calls = {
+        "tool_calls": [
+            {"name": "calculator", "arguments": {"expression": f"{i}+1"}} for i in range(25)
+        ]
+    }
+    create_agent(
+        client, "busy", scripted(many_calls), tools=[CALCULATOR], policy={"max_steps": 1100}
+    )
     turn = create_turn(client, "busy")
     done = wait_status(client, turn["id"], TERMINAL, timeout_s=120)
     assert done["status"] == "MAX_STEPS_REACHED", done
@@ -263,10 +276,12 @@ def test_admin_lists_due_retries_and_retry_then_works(db_url: str) -> None:
     soon = {"retry": {"max_retries": 1, "initial_delay_ms": 1, "max_delay_ms": 1}}
     later = {"retry": {"max_retries": 1, "initial_delay_ms": 60_000}}
     with api_client(db_url, scheduler_enabled=False) as c:
-        create_agent(c, "soon", scripted({"error": {"status": 429}}, {"content": "ok"}),
-                     policy=soon)
-        create_agent(c, "later", scripted({"error": {"status": 503}}, {"content": "ok"}),
-                     policy=later)
+        create_agent(
+            c, "soon", scripted({"error": {"status": 429}}, {"content": "ok"}), policy=soon
+        )
+        create_agent(
+            c, "later", scripted({"error": {"status": 503}}, {"content": "ok"}), policy=later
+        )
         first = create_turn(c, "soon")
         wait_status(c, first["id"], "RETRY_SCHEDULED")
         second = create_turn(c, "soon")

@@ -19,8 +19,11 @@ from tests.helpers import create_agent, create_turn, scripted, wait_status
 
 def _count(db: Database, table: Any, turn_id: str) -> int:
     with db.transaction() as s:
-        return int(s.execute(select(func.count()).select_from(table)
-                             .where(table.c.turn_id == turn_id)).scalar_one())
+        return int(
+            s.execute(
+                select(func.count()).select_from(table).where(table.c.turn_id == turn_id)
+            ).scalar_one()
+        )
 
 
 def test_prune_removes_old_terminal_turns_only(client: Any, db: Database) -> None:
@@ -34,8 +37,11 @@ def test_prune_removes_old_terminal_turns_only(client: Any, db: Database) -> Non
     wait_status(client, waiting, "WAITING_FOR_MODEL")
     long_ago = utcnow() - timedelta(days=40)
     with db.transaction() as s:
-        s.execute(update(turns).where(turns.c.id.in_([old, waiting]))
-                  .values(finished_at=long_ago, created_at=long_ago))
+        s.execute(
+            update(turns)
+            .where(turns.c.id.in_([old, waiting]))
+            .values(finished_at=long_ago, created_at=long_ago)
+        )
 
     assert prune(db, timedelta(days=30), batch=1) == 1
 
@@ -47,10 +53,16 @@ def test_prune_removes_old_terminal_turns_only(client: Any, db: Database) -> Non
     assert _count(db, turn_messages, recent) > 0
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("30d", timedelta(days=30)), ("12h", timedelta(hours=12)), ("90m", timedelta(minutes=90)),
-    ("45s", timedelta(seconds=45)), ("2w", timedelta(weeks=2)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("90m", timedelta(minutes=90)),
+        ("45s", timedelta(seconds=45)),
+        ("2w", timedelta(weeks=2)),
+    ],
+)
 def test_parse_duration(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected
 
@@ -67,8 +79,9 @@ def test_the_prune_setting_prunes_in_the_background(db_url: str, db: Database) -
         old = create_turn(client, "quick")["id"]
         wait_status(client, old, "COMPLETED")
     with db.transaction() as s:
-        s.execute(update(turns).where(turns.c.id == old)
-                  .values(finished_at=utcnow() - timedelta(hours=2)))
+        s.execute(
+            update(turns).where(turns.c.id == old).values(finished_at=utcnow() - timedelta(hours=2))
+        )
     with api_client(db_url, worker=False, prune_after_ms=3_600_000) as client:
         deadline = time.monotonic() + 20
         while client.get(f"/v1/turns/{old}").status_code != 404:

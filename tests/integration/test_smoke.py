@@ -8,10 +8,16 @@ from tests.helpers import CALCULATOR, create_agent, create_turn, messages, scrip
 
 
 def test_tool_then_answer_completes(client: Any) -> None:
-    create_agent(client, "calc", scripted(
-        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "2+3"}}]},
-        {"content": "five"},
-    ), tools=[CALCULATOR], system_prompt="be brief")
+    create_agent(
+        client,
+        "calc",
+        scripted(
+            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "2+3"}}]},
+            {"content": "five"},
+        ),
+        tools=[CALCULATOR],
+        system_prompt="be brief",
+    )
     turn = create_turn(client, "calc", "2+3?")
     done = wait_status(client, turn["id"], "COMPLETED")
     assert done["output"] == "five"
