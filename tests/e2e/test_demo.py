@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.e2e.conftest import Launcher
 
-ANSWER = "6 \N{MULTIPLICATION SIGN} 7 = 42."
+ANSWER = "6 * 7 = 42."
 
 
 def test_serve_runs_the_demo_agent_to_completion(tmp_path: Path) -> None:
