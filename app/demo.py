@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.domain.agent import AgentSpec
+from app.tools.builtins import builtin_tool_spec
 
 DEMO_AGENT = AgentSpec.model_validate(
     {
@@ -20,19 +21,6 @@ DEMO_AGENT = AgentSpec.model_validate(
                 {"content": "6 * 7 = 42.", "usage": {"input_tokens": 32, "output_tokens": 6}},
             ],
         },
-        "tools": [
-            {
-                "name": "calculator",
-                "description": "Evaluate an arithmetic expression.",
-                "kind": "builtin",
-                "builtin": "calculator",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"expression": {"type": "string"}},
-                    "required": ["expression"],
-                    "additionalProperties": False,
-                },
-            }
-        ],
+        "tools": [builtin_tool_spec("calculator")],
     }
 )

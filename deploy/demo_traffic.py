@@ -13,23 +13,15 @@ import time
 
 import httpx
 
+from app.tools.builtins import builtin_tool_spec
+
 API = os.environ.get("DEMO_API_URL", "http://api:8000")
 FAKE_LLM = os.environ.get("DEMO_FAKE_LLM_URL", "http://fake-llm:8080")
 HEADERS = {"Authorization": f"Bearer {os.environ.get('DEMO_ADMIN_TOKEN', 'dev-admin-token')}"}
 TURNS = int(os.environ.get("DEMO_TURNS", "600"))
 INTERVAL_S = float(os.environ.get("DEMO_INTERVAL_S", "1"))
 
-CALCULATOR = {
-    "name": "calculator",
-    "description": "Evaluate an arithmetic expression.",
-    "kind": "builtin",
-    "builtin": "calculator",
-    "parameters": {
-        "type": "object",
-        "properties": {"expression": {"type": "string"}},
-        "required": ["expression"],
-    },
-}
+CALCULATOR = builtin_tool_spec("calculator")
 
 
 def agent(client: httpx.Client, name: str, model: str) -> None:

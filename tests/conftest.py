@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -26,6 +23,9 @@ from app.settings import Settings
 from app.store.db import Database
 from app.store.migrate import upgrade
 from app.store.tables import metadata
+from tests.processes import free_port, stop_process, wait_http
+
+__all__ = ["free_port", "stop_process", "wait_http"]
 
 PG_ADMIN_URL = os.environ.get(
     "TURNRUNNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -38,26 +38,35 @@ TURNRUNNER = [sys.executable, "-m", "app.cli"]
 # ---- databases ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for this test session."""
-    if not PG_ENABLED:
-        pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
-    name = f"turnrunner_test_{uuid.uuid4().hex[:10]}"
+@contextmanager
+def fresh_postgres(prefix: str) -> Iterator[str]:
+    """A new, migrated PostgreSQL database on the test server; dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = create_engine(
         PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
         isolation_level="AUTOCOMMIT",
     )
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    base = admin.url.set(database=name).render_as_string(hide_password=False)
-    db = Database(base)
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    db = Database(url)
     upgrade(db)
     db.dispose()
-    yield base
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test session."""
+    if not PG_ENABLED:
+        pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
+    with fresh_postgres("turnrunner_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -121,29 +130,6 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
 # ---- processes ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(
-    url: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None
-) -> None:
-    """Wait until `url` answers 2xx, or fail (with the process's fate if it died)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} was up")
-        try:
-            if httpx.get(url, timeout=1.0).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not come up in {timeout_s} s")
-
-
 @contextmanager
 def run_process(
     args: list[str], env: dict[str, str], log_path: Path, health_url: str | None = None
@@ -163,13 +149,7 @@ def run_process(
                 raise
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
 
 
 @pytest.fixture(scope="session")

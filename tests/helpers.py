@@ -5,26 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-TERMINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "MAX_ITERATIONS_REACHED",
-    "MAX_STEPS_REACHED",
-    "BUDGET_EXCEEDED",
-}
+from app.domain.status import TurnStatus
+from app.tools.builtins import builtin_tool_spec
 
-CALCULATOR = {
-    "name": "calculator",
-    "description": "Evaluate an arithmetic expression.",
-    "kind": "builtin",
-    "builtin": "calculator",
-    "parameters": {
-        "type": "object",
-        "properties": {"expression": {"type": "string"}},
-        "required": ["expression"],
-    },
-}
+TERMINAL = {s.value for s in TurnStatus if s.is_terminal}
+
+CALCULATOR = builtin_tool_spec("calculator")
 
 
 def scripted(*replies: dict[str, Any]) -> dict[str, Any]:

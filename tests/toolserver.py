@@ -21,13 +21,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import httpx
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
@@ -122,16 +120,12 @@ async def healthz() -> dict[str, bool]:
     return {"ok": True}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on at the moment of asking."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def start_tool_server(timeout_s: float = 15.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Run the tool server in a subprocess; yield (base URL, process) once it answers."""
+    # Imported here: the child runs this file as a script, without the tests package.
+    from tests.processes import stop_process, wait_http
+
     # The parent binds the socket and hands it over: no window in which another process
     # could take a port that was only probed free.
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -148,33 +142,14 @@ def start_tool_server(timeout_s: float = 15.0) -> Iterator[tuple[str, subprocess
         )
         listener.close()
         try:
-            _wait_until_up(base_url, proc, timeout_s, log)
+            try:
+                wait_http(f"{base_url}/healthz", timeout_s, proc)
+            except (RuntimeError, TimeoutError) as e:
+                log.seek(0)
+                raise RuntimeError(f"{e}:\n{log.read().decode(errors='replace')}") from None
             yield base_url, proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _wait_until_up(
-    base_url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Any
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            output = log.read().decode(errors="replace")
-            raise RuntimeError(f"tool server exited with {proc.returncode}:\n{output}")
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"tool server did not answer within {timeout_s} s")
+            stop_process(proc, timeout_s=10)
 
 
 def main(argv: list[str]) -> None:

@@ -34,7 +34,7 @@ from app.api.schemas import (
 from app.domain.failures import sanitize
 from app.domain.policy import ExecutionPolicy
 from app.domain.status import TurnEvent, TurnStatus
-from app.domain.transcript import Message, ToolCall, closing_messages, tool_error_message
+from app.domain.transcript import Message, ToolCall, closing_messages, tool_error_result
 from app.domain.update import TurnUpdate
 from app.store import turns as store
 from app.store.db import Database
@@ -215,15 +215,8 @@ def _tool_result_plan(body: ToolResultBody) -> Plan:
         upd.values["tool_calls"] = row["tool_calls"] + 1
         if body.error is not None:
             policy = ExecutionPolicy.model_validate(row["execution_policy"])
-            text = tool_error_message(policy, call, body.error.code, sanitize(body.error.message))
             upd.message(
-                Message(
-                    role="tool",
-                    content=text,
-                    tool_call_id=call.id,
-                    name=call.name,
-                    meta={"error": body.error.code},
-                )
+                tool_error_result(policy, call, body.error.code, sanitize(body.error.message))
             )
         else:
             text = body.content if isinstance(body.content, str) else json.dumps(body.content)

@@ -110,3 +110,14 @@ def tool_error_message(policy: ExecutionPolicy, call: ToolCall, code: str, messa
         tool_name=_json_text(call.name),
         tool_call_id=_json_text(call.id),
     )
+
+
+def tool_error_result(policy: ExecutionPolicy, call: ToolCall, code: str, message: str) -> Message:
+    """The `tool` message that hands a tool error to the model, answering `call`."""
+    return Message(
+        role="tool",
+        content=tool_error_message(policy, call, code, message),
+        tool_call_id=call.id,
+        name=call.name,
+        meta={"error": code},
+    )

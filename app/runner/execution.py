@@ -24,7 +24,7 @@ from app.domain.transcript import (
     Message,
     ToolCall,
     closing_messages,
-    tool_error_message,
+    tool_error_result,
     unique_tool_call_ids,
     unresolved_tool_calls,
 )
@@ -372,19 +372,8 @@ class TurnExecution:
             metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
             # A tool error handed to the model is a tool result, never a retry.
             self.consecutive = 0
-            text = tool_error_message(
-                self.policy, call, failure.code or failure.error_class.value, failure.message
-            )
-            self._append(
-                upd,
-                Message(
-                    role="tool",
-                    content=text,
-                    tool_call_id=call.id,
-                    name=call.name,
-                    meta={"error": failure.error_class.value},
-                ),
-            )
+            code = failure.code or failure.error_class.value
+            self._append(upd, tool_error_result(self.policy, call, code, failure.message))
             await self._commit(upd)
             return False
         return await self._on_failure(upd, failure)

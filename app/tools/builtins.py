@@ -64,6 +64,11 @@ BUILTIN_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+def builtin_tool_spec(name: str) -> dict[str, Any]:
+    """A ToolSpec (as JSON) that declares the shipped builtin `name` to an agent."""
+    return {"name": name, "kind": "builtin", "builtin": name, **BUILTIN_SCHEMAS[name]}
+
+
 class CalculatorError(ValueError):
     """An expression the calculator refuses; its message is fit to show the model."""
 

@@ -25,21 +25,10 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
-from app.store.db import Database
-from app.store.migrate import upgrade
-from tests.conftest import PG_ADMIN_URL, PG_ENABLED, free_port, run_process, wait_http
+from tests.conftest import PG_ENABLED, free_port, fresh_postgres, run_process, wait_http
+from tests.helpers import TERMINAL
 from tests.toolserver import start_tool_server
-
-TERMINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "MAX_ITERATIONS_REACHED",
-    "MAX_STEPS_REACHED",
-    "BUDGET_EXCEEDED",
-}
 
 # Fast polling for every process these tests start; the rest comes from each test.
 BASE_ENV = {
@@ -230,23 +219,8 @@ def own_database() -> Iterator[str]:
     """A migrated PostgreSQL database for the shared stack alone, dropped at the end."""
     if not PG_ENABLED:
         pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
-    name = f"turnrunner_e2e_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(
-        PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
-        isolation_level="AUTOCOMMIT",
-    )
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    db = Database(url)
-    upgrade(db)
-    db.dispose()
-    try:
+    with fresh_postgres("turnrunner_e2e") as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 # ---- processes ---------------------------------------------------------------------------------

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +19,7 @@ from app.domain.failures import ErrorClass, Failure, FailureError
 from app.domain.transcript import Message
 from app.models.base import ModelReply, ModelRequest
 from app.models.openai import OpenAIProvider
+from tests.conftest import free_port, run_process
 
 CALCULATOR = ToolSpec(
     name="calculator",
@@ -31,12 +28,6 @@ CALCULATOR = ToolSpec(
     kind="builtin",
     builtin="calculator",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -63,44 +54,16 @@ class FakeLLM:
         return data
 
 
-def start_fake_llm(log_path: Path, timeout_s: float = 20.0) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `serve()` in a child process on a free port and wait until /healthz answers."""
-    port = free_port()
-    code = f"from app.models.fake_llm import serve; serve('127.0.0.1', {port})"
-    log = log_path.open("wb")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fake-llm exited early:\n{log_path.read_text()}")
-        try:
-            if httpx.get(root + "/healthz", timeout=0.5).status_code == 200:
-                return proc, root
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"fake-llm did not start:\n{log_path.read_text()}")
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def fake_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeLLM]:
-    proc, root = start_fake_llm(tmp_path_factory.mktemp("fake_llm") / "server.log")
-    try:
-        with httpx.Client(base_url=root, timeout=10) as control:
-            yield FakeLLM(root, control)
-    finally:
-        stop_process(proc)
+    port = free_port()
+    root = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("fake_llm") / "server.log"
+    with (
+        run_process(["fake-llm", "--port", str(port)], {}, log, root + "/healthz"),
+        httpx.Client(base_url=root, timeout=10) as control,
+    ):
+        yield FakeLLM(root, control)
 
 
 @pytest.fixture

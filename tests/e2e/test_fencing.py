@@ -8,19 +8,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from tests.e2e.conftest import Api, Launcher
+from tests.helpers import CALCULATOR
 
 TURNS = 200
-CALCULATOR = {
-    "name": "calculator",
-    "description": "math",
-    "kind": "builtin",
-    "builtin": "calculator",
-    "parameters": {
-        "type": "object",
-        "properties": {"expression": {"type": "string"}},
-        "required": ["expression"],
-    },
-}
 
 
 def _check_turn(api: Api, turn_id: str) -> list[str]:

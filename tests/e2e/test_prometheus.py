@@ -28,7 +28,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import REPO, free_port, run_process, wait_http
+from tests.conftest import REPO, free_port, run_process, stop_process, wait_http
 from tests.e2e.conftest import Api, FakeLLM, Launcher
 from tests.helpers import CALCULATOR
 
@@ -281,13 +281,7 @@ def run_prometheus(tmp_path: Path, targets: dict[str, str]) -> Iterator[Promethe
         yield prom
     finally:
         prom.http.close()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
 
 
 def _start_worker(launch: Launcher) -> str:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,13 +17,8 @@ from app.domain.transcript import ToolCall
 from app.tools.base import ToolContext
 from app.tools.execute import ToolRunner
 from app.tools.http import HttpToolExecutor
-
-# pytest puts tests/ (not the project root) on sys.path while tests/ has no __init__.py.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from tests.toolserver import free_port, start_tool_server  # noqa: E402
+from tests.processes import free_port
+from tests.toolserver import start_tool_server
 
 
 @pytest.fixture(scope="module")
