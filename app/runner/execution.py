@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 from app import metrics
 from app.domain import limits
 from app.domain.agent import AgentSpec, ModelSpec, ToolKind
@@ -164,6 +166,14 @@ class TurnExecution:
         except LeaseLost:
             log.warning(
                 "lease lost; another worker owns the turn now", extra={"turn_id": self.turn_id}
+            )
+        except (OperationalError, InterfaceError):
+            # The database is away: the step in flight is lost, not the turn. Its lease runs
+            # out and a worker claims it again once the database is back.
+            log.warning(
+                "database unavailable; the turn will be claimed again",
+                extra={"turn_id": self.turn_id},
+                exc_info=True,
             )
         except Exception as exc:  # a bug or a dead database: fail the turn if we still can
             log.exception("runner error", extra={"turn_id": self.turn_id})

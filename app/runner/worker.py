@@ -13,10 +13,12 @@ import os
 import random
 import socket
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.domain.agent import AgentSpec
 from app.models.registry import ModelRegistry
@@ -32,6 +34,7 @@ from app.tools.execute import ToolRunner
 from app.tools.http import HttpToolExecutor
 
 log = logging.getLogger("turnrunner.worker")
+T = TypeVar("T")
 
 SHUTDOWN_GRACE_S = 10.0
 
@@ -110,6 +113,15 @@ class Worker:
         for tid, token, _ in leftover:
             await asyncio.to_thread(self._release, tid, token)
 
+    async def _in_db(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """A database call on a thread; a database that is briefly away costs a poll, not the
+        worker (None then)."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except (OperationalError, InterfaceError):
+            log.warning("database unavailable (%s); trying again", what, exc_info=True)
+            return None
+
     def _release(self, turn_id: str, token: str) -> None:
         with self.db.transaction() as session:
             claims.release(session, turn_id, token)
@@ -119,7 +131,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
             free = self.concurrency - len(self.running)
-            claimed = await asyncio.to_thread(self._claim, free) if free > 0 else []
+            claimed = (await self._in_db("claim", self._claim, free) or []) if free > 0 else []
             for loaded in claimed:
                 self._start(loaded)
             if free > 0 and len(claimed) == free:
@@ -176,7 +188,9 @@ class Worker:
         while True:
             await asyncio.sleep(interval)
             held = {ex.token: tid for tid, (ex, _) in self.running.items()}
-            kept = await asyncio.to_thread(self._renew, list(held))
+            kept = await self._in_db("heartbeat", self._renew, list(held))
+            if kept is None:
+                continue  # unknown, not lost: fencing guards us if it expires meanwhile
             for token, tid in held.items():
                 if token not in kept and tid in self.running:
                     log.warning("lease lost", extra={"turn_id": tid})
@@ -193,7 +207,7 @@ class Worker:
             await asyncio.sleep(interval)
             if not self.running:
                 continue
-            flagged = await asyncio.to_thread(self._cancel_flagged)
+            flagged = await self._in_db("cancel watch", self._cancel_flagged) or {}
             for tid, reason in flagged.items():
                 if tid in self.running and not self.running[tid][0].cancel_requested:
                     self.running[tid][0].request_cancel(reason)
