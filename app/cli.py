@@ -117,8 +117,12 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> None:
     from app.store.db import Database
     from app.store.prune import parse_duration, prune
 
+    try:
+        older_than = parse_duration(args.older_than)
+    except ValueError as e:
+        sys.exit(f"turnrunner prune: {e}")
     db = Database(settings.database_url)
-    removed = prune(db, parse_duration(args.older_than), batch=args.batch)
+    removed = prune(db, older_than, batch=args.batch)
     db.dispose()
     log.info("pruned terminal turns", extra={"turns": removed})
 
