@@ -58,6 +58,11 @@ step_batch_size = Histogram(
     "Steps carried by one group-commit transaction.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+step_commit_duration = Histogram(
+    "turnrunner_step_commit_duration_seconds",
+    "Time to commit one group-commit transaction of steps.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 
 # Label values known in advance, exported at 0 before their first event (Prometheus' advice on
 # missing metrics): rate() and the dashboard then show 0, not "no data". Open-ended labels (agent,

@@ -9,7 +9,7 @@ from typing import Any
 from app.domain.policy import ExecutionPolicy, render
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ToolCall:
     id: str
     name: str
@@ -29,7 +29,7 @@ class ToolCall:
         return cls(data["id"], data["name"], data.get("arguments") or {}, data.get("raw_arguments"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Message:
     role: str  # system | user | assistant | tool
     content: str | None

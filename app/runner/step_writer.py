@@ -65,7 +65,7 @@ class StepWriter:
                 p.done.set_result(r)
 
     def _commit(self, batch: list[_Pending]) -> list[Applied]:
-        with self._db.transaction() as session:
+        with metrics.step_commit_duration.time(), self._db.transaction() as session:
             results = writer.apply_updates(session, [(p.turn_id, p.fence, p.update) for p in batch])
             notify_many(
                 session, CHANGED, [p.turn_id for p, r in zip(batch, results, strict=True) if r.ok]
