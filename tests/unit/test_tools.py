@@ -177,7 +177,7 @@ def test_async_builtin_times_out_at_the_deadline() -> None:
     started = time.monotonic()
     failure = failure_of(builtin("sleep"), {"ms": 60_000}, context=ctx(timeout_s=0.2)).failure
     assert failure.error_class is ErrorClass.TOOL_TIMEOUT
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10.0  # returned at the deadline, not after 60 s
 
 
 def test_cancel_aborts_an_async_builtin_and_propagates() -> None:
