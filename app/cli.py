@@ -64,10 +64,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> None:
     from app.store.db import Database
 
     metrics.init_label_sets(runner=True)
-    if args.metrics_port:
+    metrics_port = args.metrics_port or settings.metrics_port
+    if metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port, addr=args.metrics_host)
+        start_http_server(metrics_port, addr=args.metrics_host or settings.metrics_host)
 
     async def main() -> None:
         db = Database(settings.database_url)
@@ -107,10 +108,10 @@ def cmd_openapi(args: argparse.Namespace, settings: Settings) -> None:
         sys.stdout.write(text)
 
 
-def cmd_fake_llm(args: argparse.Namespace, _: Settings) -> None:
+def cmd_fake_llm(args: argparse.Namespace, settings: Settings) -> None:
     from app.models.fake_llm import serve
 
-    serve(args.host or "127.0.0.1", args.port or 8080)
+    serve(args.host or settings.fake_llm_host, args.port or settings.fake_llm_port)
 
 
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> None:
@@ -146,8 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency", type=int, help="turns run at once (TURNRUNNER_WORKER_CONCURRENCY)"
     )
-    p.add_argument("--metrics-port", type=int, help="serve /metrics on this port")
-    p.add_argument("--metrics-host", default="0.0.0.0", help="bind address for --metrics-port")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve /metrics on this port (TURNRUNNER_METRICS_PORT)"
+    )
+    p.add_argument(
+        "--metrics-host",
+        help="bind address for /metrics (TURNRUNNER_METRICS_HOST, default 127.0.0.1)",
+    )
     p.set_defaults(func=cmd_worker)
     p = sub.add_parser("migrate", help="apply database migrations")
     p.set_defaults(func=cmd_migrate)
@@ -155,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="file to write (default: stdout)")
     p.set_defaults(func=cmd_openapi)
     p = sub.add_parser("fake-llm", help="the OpenAI-compatible fake model server")
-    http(p)
+    p.add_argument("--host", help="bind address (TURNRUNNER_FAKE_LLM_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (TURNRUNNER_FAKE_LLM_PORT, default 8080)")
     p.set_defaults(func=cmd_fake_llm)
     p = sub.add_parser("prune", help="delete terminal turns older than a duration")
     p.add_argument("--older-than", required=True, help="e.g. 30d, 12h, 90m")

@@ -66,6 +66,14 @@ class Settings(BaseSettings):
         description="Prune terminal turns older than this, periodically; off if unset.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="`worker`: serve /metrics on this port; off if unset."
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="`worker`: address /metrics binds (keep it off public networks)."
+    )
+    fake_llm_host: str = Field("127.0.0.1", description="`fake-llm`: bind address.")
+    fake_llm_port: int = Field(8080, ge=0, le=65535, description="`fake-llm`: port.")
 
     @field_validator("database_url")
     @classmethod

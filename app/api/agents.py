@@ -9,17 +9,37 @@ from fastapi import APIRouter, Query, Request
 from app.api import views
 from app.api.auth import AdminAuth, ClientAuth
 from app.api.deps import db_of
-from app.api.problems import not_found
+from app.api.problems import Problem, not_found
 from app.api.schemas import MAX_INT32, Agent, AgentList
-from app.domain.agent import AgentSpec
+from app.domain.agent import AgentSpec, ToolKind
 from app.store import agents as store
+from app.tools.registry import builtin_names, get_builtin
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
 
+def _check_builtins(spec: AgentSpec) -> None:
+    """Every `builtin` tool names a builtin this service has registered, or 422."""
+    errors = [
+        {"field": f"body.tools.{i}.builtin", "message": f"no builtin tool named {t.builtin!r}"}
+        for i, t in enumerate(spec.tools)
+        if t.kind is ToolKind.BUILTIN and t.builtin and get_builtin(t.builtin) is None
+    ]
+    if errors:
+        known = ", ".join(builtin_names())
+        raise Problem(
+            422,
+            "validation_error",
+            f"{errors[0]['field']}: {errors[0]['message']} (registered: {known})",
+            errors=errors,
+        )
+
+
 @router.post("", status_code=201, response_model=Agent, dependencies=[AdminAuth])
 def create_agent(body: AgentSpec, request: Request) -> dict[str, Any]:
-    """Create an agent, or add a new version when the name exists (admin)."""
+    """Create an agent, or add a new version when the name exists (admin). A `builtin` tool
+    must name a builtin registered with the service."""
+    _check_builtins(body)
     with db_of(request).transaction() as session:
         row = store.create_version(session, body.name, body.model_dump(mode="json"))
     return views.agent(row)

@@ -27,15 +27,18 @@ from app.api.schemas import (
     ResumeBody,
     RetryBody,
     RetryModelBody,
+    ToolError,
     ToolResultBody,
     Turn,
     UserMessageBody,
 )
-from app.domain.failures import sanitize
-from app.domain.policy import ExecutionPolicy
+from app.domain.agent import ModelSpec
+from app.domain.failures import ErrorClass, Failure, sanitize
+from app.domain.policy import ExecutionPolicy, ToolErrorStrategy
 from app.domain.status import TurnEvent, TurnStatus
 from app.domain.transcript import Message, ToolCall, closing_messages, tool_error_result
 from app.domain.update import TurnUpdate
+from app.store import agents as agents_store
 from app.store import turns as store
 from app.store.db import Database
 from app.store.notify import CANCEL, CHANGED, WAKE, notify
@@ -143,8 +146,36 @@ def _retry_plan(force: bool) -> Plan:
     return plan
 
 
-def _retry_model_plan(failure_id: str, model: Any) -> Plan:
-    def plan(_: Session, row: dict[str, Any]) -> tuple[TurnUpdate, None]:
+# What a model call is sent to and with which secret: a client token may change anything of
+# the model but these (API.md, Auth: switching where a turn's requests go is an admin's call).
+ENDPOINT_FIELDS = ("provider", "base_url", "api_key_env")
+
+
+def _current_model(session: Session, row: dict[str, Any]) -> dict[str, Any]:
+    """The model the turn uses now: its override, else its agent version's model."""
+    if row["model_override"]:
+        return dict(row["model_override"])
+    agent = agents_store.get(session, row["agent_name"], row["agent_version"])
+    return dict((agent or {}).get("spec", {}).get("model") or {})
+
+
+def _check_model_switch(session: Session, row: dict[str, Any], model: ModelSpec) -> None:
+    """A client token may switch only to a model on the turn's current endpoint and key."""
+    current = _current_model(session, row)
+    wanted = model.model_dump(mode="json")
+    changed = [f for f in ENDPOINT_FIELDS if wanted.get(f) != current.get(f)]
+    if changed:
+        raise Problem(
+            403,
+            "forbidden",
+            "a client token may switch the model only on the turn's current provider, "
+            f"base_url and api_key_env; changing {', '.join(changed)} needs an admin token",
+            fields=changed,
+        )
+
+
+def _retry_model_plan(failure_id: str, model: ModelSpec | None, admin: bool) -> Plan:
+    def plan(session: Session, row: dict[str, Any]) -> tuple[TurnUpdate, None]:
         _require(row, TurnStatus.WAITING_FOR_MODEL)
         current = (row["last_error"] or {}).get("failure_id")
         if failure_id != current:
@@ -155,6 +186,8 @@ def _retry_model_plan(failure_id: str, model: Any) -> Plan:
                 failure_id=current,
                 turn_status=row["status"],
             )
+        if model is not None and not admin:
+            _check_model_switch(session, row, model)
         upd = _update(row)
         if model is not None:
             upd.values["model_override"] = model.model_dump(mode="json")
@@ -185,13 +218,14 @@ def _message_plan(content: str, message_id: str | None) -> Plan:
         upd.event("user_message", {"message_id": mid})
         queue_only = status in (TurnStatus.READY, TurnStatus.RUNNING) or _held(row)
         if not queue_only:
-            if status is TurnStatus.WAITING_FOR_TOOL:
-                policy = ExecutionPolicy.model_validate(row["execution_policy"])
-                transcript = store.transcript(session, row["id"])
-                # Close the pending calls only (the turn goes on, so no closing assistant).
-                for m in closing_messages(transcript, policy, INTERRUPTED_BY_USER)[:-1]:
-                    upd.message(m)
-                upd.values["pending_tool_calls"] = []
+            # The turn calls the model next, so no tool call may stay open: the external calls
+            # of WAITING_FOR_TOOL, and a failed tool call whose retry was scheduled (FAIL_RUN),
+            # are closed as interrupted. The turn goes on, so no closing assistant message.
+            policy = ExecutionPolicy.model_validate(row["execution_policy"])
+            transcript = store.transcript(session, row["id"])
+            for m in closing_messages(transcript, policy, INTERRUPTED_BY_USER)[:-1]:
+                upd.message(m)
+            upd.values["pending_tool_calls"] = []
             upd.move(TurnEvent.USER_MESSAGE, "new user message")
             upd.values["next_runnable_at"] = None
 
@@ -205,7 +239,7 @@ def _message_plan(content: str, message_id: str | None) -> Plan:
 
 
 def _tool_result_plan(body: ToolResultBody) -> Plan:
-    def plan(_: Session, row: dict[str, Any]) -> tuple[TurnUpdate, None]:
+    def plan(session: Session, row: dict[str, Any]) -> tuple[TurnUpdate, Any]:
         _require(row, TurnStatus.WAITING_FOR_TOOL)
         pending = [ToolCall.from_json(c) for c in row["pending_tool_calls"] or []]
         call = next((c for c in pending if c.id == body.tool_call_id), None)
@@ -213,22 +247,52 @@ def _tool_result_plan(body: ToolResultBody) -> Plan:
             raise invalid_state(row["status"], f"tool call {body.tool_call_id!r} is not pending")
         upd = _update(row)
         upd.values["tool_calls"] = row["tool_calls"] + 1
+        policy = ExecutionPolicy.model_validate(row["execution_policy"])
         if body.error is not None:
-            policy = ExecutionPolicy.model_validate(row["execution_policy"])
+            upd.event("tool_result", {"tool_call_id": call.id, "error": True})
+            if policy.tool_error_strategy is ToolErrorStrategy.FAIL_RUN:
+                return upd, _fail_on_tool_error(session, row, upd, policy, body.error)
             upd.message(
                 tool_error_result(policy, call, body.error.code, sanitize(body.error.message))
             )
         else:
+            upd.event("tool_result", {"tool_call_id": call.id, "error": False})
             text = body.content if isinstance(body.content, str) else json.dumps(body.content)
             upd.message(Message(role="tool", content=text, tool_call_id=call.id, name=call.name))
         rest = [c.to_json() for c in pending if c.id != call.id]
         upd.values["pending_tool_calls"] = rest
-        upd.event("tool_result", {"tool_call_id": call.id, "error": body.error is not None})
         if not rest:
             upd.move(TurnEvent.TOOL_RESULTS_IN, "all tool results in")
         return upd, None
 
     return plan
+
+
+def _fail_on_tool_error(
+    session: Session,
+    row: dict[str, Any],
+    upd: TurnUpdate,
+    policy: ExecutionPolicy,
+    error: ToolError,
+) -> Callable[[], None]:
+    """FAIL_RUN: an external tool's error fails the turn, as a failing tool the runner ran
+    would (RUNNER.md): no retry (the service cannot run an external tool again), the transcript
+    closed once (every call without a result, this one included, then the closing message)."""
+    failure = Failure.of(ErrorClass.TOOL_FAILED, error.message, code=error.code)
+    reason = f"tool_failed (external tool reported {error.code}): {failure.message}"
+    upd.values["last_error"] = failure.to_json()
+    for m in closing_messages(store.transcript(session, row["id"]), policy, reason):
+        upd.message(m)
+    upd.values["pending_tool_calls"] = []
+    # The table has RUNNING -> FAILED for a tool failure: the error is in (the turn runs on
+    # for this one update) and fails it at once, both moves in the same write.
+    upd.move(TurnEvent.TOOL_RESULTS_IN, "external tool reported an error")
+    upd.move(TurnEvent.FAIL, reason)
+
+    def count() -> None:  # once the write is in, not per attempt
+        metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
+
+    return count
 
 
 def _cancel_plan(reason: str | None) -> Plan:
@@ -281,9 +345,8 @@ def retry(
 @router.post("/{turn_id}/retry-model", **Accepted)  # type: ignore[arg-type]
 def retry_model(turn_id: str, body: RetryModelBody, request: Request) -> dict[str, Any]:
     """RETRY_MODEL a WAITING_FOR_MODEL turn, optionally on another model."""
-    return _run(
-        db_of(request), turn_id, "RETRY_MODEL", _retry_model_plan(body.failure_id, body.model)
-    )
+    plan = _retry_model_plan(body.failure_id, body.model, _is_admin(request))
+    return _run(db_of(request), turn_id, "RETRY_MODEL", plan)
 
 
 @router.post("/{turn_id}/messages", **Accepted)  # type: ignore[arg-type]
@@ -321,7 +384,8 @@ def resume(turn_id: str, body: ResumeBody, request: Request) -> dict[str, Any]:
     if c is Command.RETRY_MODEL:
         if not body.failure_id:
             raise _missing("failure_id")
-        return _run(db, turn_id, c.value, _retry_model_plan(body.failure_id, body.model))
+        plan = _retry_model_plan(body.failure_id, body.model, _is_admin(request))
+        return _run(db, turn_id, c.value, plan)
     if c is Command.USER_MESSAGE:
         if not isinstance(body.content, str):
             raise _missing("content", "a string")
@@ -349,6 +413,10 @@ def _missing(field: str, what: str = "required") -> Problem:
     )
 
 
+def _is_admin(request: Request) -> bool:
+    return request_role(request) is Role.ADMIN
+
+
 def _require_admin(request: Request) -> None:
-    if request_role(request) is not Role.ADMIN:
+    if not _is_admin(request):
         raise Problem(403, "forbidden", "force needs an admin token")

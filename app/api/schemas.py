@@ -124,6 +124,10 @@ class Event(BaseModel):
 
 class EventList(BaseModel):
     items: list[Event]
+    next_after: int | None = Field(
+        description="When the page is full (more events may follow), the `seq` of its last "
+        "event: ask again with `after` set to it. Null when the page holds every event there is."
+    )
 
 
 class Command(StrEnum):

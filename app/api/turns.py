@@ -44,7 +44,8 @@ from app.store.types import utcnow
 router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[ClientAuth])
 
 MAX_WAIT_MS = 60_000
-EVENT_PAGE = 1000  # events per read; a JSON answer holds at most this many (page with `after`)
+# Events per read; a JSON answer holds at most this many (`next_after` says when it is full).
+EVENT_PAGE = 1000
 
 
 def _request_hash(body: CreateTurn) -> str:
@@ -245,12 +246,23 @@ def get_messages(turn_id: str, request: Request) -> dict[str, Any]:
         return {"items": [views.message(m) for m in store.messages(session, turn_id)]}
 
 
-def _read_events(db: Database, turn_id: str, after: int) -> tuple[list[dict[str, Any]], str]:
+def _read_events(
+    db: Database, turn_id: str, after: int, limit: int
+) -> tuple[list[dict[str, Any]], str]:
     with db.transaction() as session:
         row = store.get(session, turn_id)
         if row is None:
             raise not_found(f"turn {turn_id!r}")
-        return store.events(session, turn_id, after, EVENT_PAGE), row["status"]
+        return store.events(session, turn_id, after, limit), row["status"]
+
+
+def _last_event_id(value: str | None) -> int:
+    """The seq an SSE client last received (its `Last-Event-ID`), 0 when absent or not a seq."""
+    try:
+        seq = int((value or "").strip())
+    except ValueError:
+        return 0
+    return seq if 0 <= seq <= MAX_INT32 else 0
 
 
 @router.get(
@@ -262,15 +274,33 @@ async def get_events(
     turn_id: str,
     request: Request,
     after: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            description="With `Accept: text/event-stream`: the id of the last event a "
+            "reconnecting client received; the stream starts after the larger of it and "
+            "`after`. Ignored when not a sequence number.",
+        ),
+    ] = None,
 ) -> Any:
-    """The event log after `after`, at most 1000 events an answer (ask again `after` the last
-    one for more); with Accept: text/event-stream, all of it streamed until terminal."""
+    """The event log after `after`, at most 1000 events an answer: when a page is full,
+    `next_after` is its last `seq` (ask again with `after` set to it); else it is null.
+    With `Accept: text/event-stream`, all of it streamed until the turn is terminal, starting
+    after `Last-Event-ID` when a reconnecting client sends one."""
     db = db_of(request)
-    items, status = await run_in_threadpool(_read_events, db, turn_id, after)
-    if "text/event-stream" not in request.headers.get("accept", ""):
-        return {"items": [views.event(e) for e in items]}
+    stream = "text/event-stream" in request.headers.get("accept", "")
+    if stream:
+        after = max(after, _last_event_id(last_event_id))
+    page = EVENT_PAGE
+    items, status = await run_in_threadpool(_read_events, db, turn_id, after, page)
+    if not stream:
+        full = len(items) >= page
+        return {
+            "items": [views.event(e) for e in items],
+            "next_after": items[-1]["seq"] if full and items else None,
+        }
     return StreamingResponse(
-        _stream(request, db, turn_id, items, status, after),
+        _stream(request, db, turn_id, items, status, after, page),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -283,6 +313,7 @@ async def _stream(
     items: list[dict[str, Any]],
     status: str,
     after: int,
+    page: int,
 ) -> AsyncIterator[str]:
     feed: ChangeFeed = request.app.state.changes
     last = after
@@ -294,11 +325,11 @@ async def _stream(
                 data = Event.model_validate(views.event(e)).model_dump_json()  # as in JSON
                 yield f"id: {last}\nevent: {e['type']}\ndata: {data}\n\n"
             # A full page means more are already there: read on before stopping or waiting.
-            if len(items) < EVENT_PAGE:
+            if len(items) < page:
                 if TurnStatus(status).is_terminal or await request.is_disconnected():
                     return
                 await wait_for(changed, 15.0)
                 if not changed.is_set():
                     yield ": keep-alive\n\n"
                 changed.clear()
-            items, status = await run_in_threadpool(_read_events, db, turn_id, last)
+            items, status = await run_in_threadpool(_read_events, db, turn_id, last, page)

@@ -69,11 +69,21 @@ def _http_url(value: str | None) -> str | None:
     return value
 
 
+# Environment variables a model's `api_key_env` may never name (the service's own settings).
+RESERVED_ENV_PREFIX = "TURNRUNNER_"
+
+
 class ModelSpec(_Strict):
     provider: Provider
     model: str = Field(min_length=1, max_length=200)
     base_url: str | None = Field(None, max_length=2000)
-    api_key_env: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_env: str | None = Field(
+        None,
+        max_length=200,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The environment variable the API key is read from (never a TURNRUNNER_* "
+        "variable); the key itself is never stored or returned.",
+    )
     timeout_ms: int | None = Field(None, ge=1, le=3_600_000)
     params: dict[str, Any] = Field(default_factory=dict)
     script: list[Reply] | None = Field(None, min_length=1, max_length=10_000)
@@ -82,6 +92,17 @@ class ModelSpec(_Strict):
     @classmethod
     def _base_url(cls, v: str | None) -> str | None:
         return _http_url(v)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, v: str | None) -> str | None:
+        # The service's own settings (tokens, database URL) live in TURNRUNNER_* variables: a
+        # model spec naming one would have the worker send that secret to the model's server.
+        if v is not None and v.upper().startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(
+                f"must not name one of the service's own {RESERVED_ENV_PREFIX}* variables"
+            )
+        return v
 
     @model_validator(mode="after")
     def _provider_fields(self) -> ModelSpec:

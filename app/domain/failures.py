@@ -105,13 +105,15 @@ def classify_model_http(status: int, code: str | None, message: str | None = Non
         return C.RATE_LIMITED
     if status in (503, 529) or codes & _OVERLOAD_CODES:
         return C.OVERLOADED
-    if status in (500, 502, 504) or codes & _SERVER_CODES:
-        return C.SERVER_ERROR
+    if status >= 500 or codes & _SERVER_CODES:
+        return C.SERVER_ERROR  # 500, 502, 504, and the rest (501, 505, a proxy's 52x)
     if status in (401, 403):
         return C.AUTH
-    if status in (400, 404, 413, 422) or 400 <= status < 500:
-        return C.BAD_REQUEST
-    return C.INTERNAL
+    if status == 408:
+        return C.TIMEOUT
+    # 400, 404, 422, any other 4xx, and answers a client cannot use (1xx, 3xx): the request
+    # or the endpoint is wrong, and a retry will not fix it.
+    return C.BAD_REQUEST
 
 
 def classify_tool_http(status: int) -> ErrorClass:

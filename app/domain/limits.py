@@ -55,6 +55,17 @@ def before_tool_call(policy: ExecutionPolicy, c: Counters) -> LimitTrip | None:
     return None
 
 
+def before_external_tool_calls(policy: ExecutionPolicy, c: Counters, n: int) -> LimitTrip | None:
+    """max_tool_calls before handing `n` calls to the client (they count once answered)."""
+    limit = policy.budget.max_tool_calls
+    if limit and c.tool_calls + n > limit:
+        return LimitTrip(
+            TurnEvent.BUDGET,
+            f"max_tool_calls (used={c.tool_calls}, requested={n}, limit={limit})",
+        )
+    return None
+
+
 def after_model_answer(policy: ExecutionPolicy, c: Counters) -> LimitTrip | None:
     """Token limits, checked after each model answer from its usage (used > limit trips)."""
     b = policy.budget

@@ -66,12 +66,14 @@ def unique_tool_call_ids(calls: list[ToolCall], taken: set[str]) -> list[ToolCal
     return out
 
 
-def closing_messages(
+INTERRUPTED_BY_USER = "superseded by a new user message"
+
+
+def interrupted_tool_messages(
     messages: list[Message], policy: ExecutionPolicy, reason: str
 ) -> list[Message]:
-    """What closes a turn that ends other than COMPLETED: one tool message per open call, then
-    one assistant message, so the next turn of the conversation never starts on a dangling call."""
-    closing = [
+    """One `tool` message per open call, from the interrupted-tool template."""
+    return [
         Message(
             role="tool",
             content=render(
@@ -86,14 +88,21 @@ def closing_messages(
         )
         for call in unresolved_tool_calls(messages)
     ]
-    closing.append(
+
+
+def closing_messages(
+    messages: list[Message], policy: ExecutionPolicy, reason: str
+) -> list[Message]:
+    """What closes a turn that ends other than COMPLETED: one tool message per open call, then
+    one assistant message, so the next turn of the conversation never starts on a dangling call."""
+    return [
+        *interrupted_tool_messages(messages, policy, reason),
         Message(
             role="assistant",
             content=render(policy.interrupted_turn_message_template, reason=reason),
             meta={"interrupted": True},
-        )
-    )
-    return closing
+        ),
+    ]
 
 
 def _json_text(value: str) -> str:

@@ -24,6 +24,12 @@ class TurnUpdate:
     delivered_inbox: list[int] = field(default_factory=list)
     # Give up the worker's claim with this write (parked, finished, or handed back).
     release_lease: bool = False
+    # Counters to add to, not overwrite: a command may bump the same counter meanwhile.
+    increments: dict[str, int] = field(default_factory=dict)
+    # What to write instead when user messages are queued for the turn at commit time: a turn
+    # does not finish or park over a message it accepted (the store decides, under the row
+    # lock, so no message can slip in between).
+    if_inbox: TurnUpdate | None = None
 
     def move(self, event: TurnEvent, reason: str | None = None) -> TurnStatus:
         """Change status by `event` (IllegalTransition if the table refuses) and log it."""
@@ -35,24 +41,32 @@ class TurnUpdate:
         if after.is_terminal:
             self.values["finished_at"] = datetime.now(UTC)
             self.release_lease = True
+        if after is not TurnStatus.RETRY_SCHEDULED:
+            self.values["next_runnable_at"] = None
         self.event(
             "status_changed",
             {"from": before.value, "to": after.value, "event": event.value, "reason": reason},
         )
         return after
 
+    def add(self, counter: str, n: int = 1) -> None:
+        """Add `n` to a counter column of the turn."""
+        self.increments[counter] = self.increments.get(counter, 0) + n
+
+    def fork(self) -> TurnUpdate:
+        """A copy to build an alternative on (see `if_inbox`)."""
+        return TurnUpdate(
+            self.status,
+            dict(self.values),
+            list(self.messages),
+            list(self.events),
+            list(self.delivered_inbox),
+            self.release_lease,
+            dict(self.increments),
+        )
+
     def event(self, type_: str, data: dict[str, Any]) -> None:
         self.events.append((type_, data))
 
     def message(self, message: Message) -> None:
         self.messages.append(message)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (
-            self.values
-            or self.messages
-            or self.events
-            or self.delivered_inbox
-            or self.release_lease
-        )

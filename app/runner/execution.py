@@ -23,9 +23,11 @@ from app.domain.limits import Counters, LimitTrip
 from app.domain.policy import ExecutionPolicy, ToolErrorStrategy
 from app.domain.status import TurnEvent, TurnStatus
 from app.domain.transcript import (
+    INTERRUPTED_BY_USER,
     Message,
     ToolCall,
     closing_messages,
+    interrupted_tool_messages,
     tool_error_result,
     unique_tool_call_ids,
     unresolved_tool_calls,
@@ -36,6 +38,7 @@ from app.models.registry import ModelRegistry
 from app.runner.step_writer import StepWriter
 from app.store import turns as turns_store
 from app.store.db import Database
+from app.store.writer import COUNTERS
 from app.tools.base import ToolContext
 from app.tools.execute import ToolRunner
 
@@ -124,18 +127,16 @@ class TurnExecution:
         self.inbox = loaded.inbox
         self.taken_ids = {c.id for m in self.messages for c in m.tool_calls}
         self.created_at: datetime = row["created_at"]
-        self.iterations: int = row["iterations"]
-        self.steps: int = row["steps"]
-        self.tool_calls: int = row["tool_calls"]
-        self.model_attempts: int = row["model_attempts"]
-        self.input_tokens: int = row["input_tokens"]
-        self.output_tokens: int = row["output_tokens"]
-        self.retry_count: int = row["retry_count"]
-        self.consecutive: int = row["consecutive_retry_count"]
+        # Our view of the turn's counters; the database's after every commit (commands add to
+        # them too), ours in between. Written as increments, never as absolute values.
+        self.counts: dict[str, int] = {name: row[name] for name in COUNTERS}
         self.cancel_requested: bool = row["cancel_requested"]
         self.cancel_reason: str | None = row["cancel_reason"]
         self.inbox_pending: int = row["inbox_pending"]
         self.stopping = False
+        # Set when a finish or a park gave way to queued user messages: the open tool calls
+        # are closed as interrupted and the model answers the messages.
+        self.answer_inbox = False
         self._inflight: asyncio.Task[Any] | None = None
 
     # ---- signals from the worker -------------------------------------------------------
@@ -215,9 +216,8 @@ class TurnExecution:
             try:
                 done = await self._step(upd)
             except CallCancelled:
-                return await self._end(
-                    TurnUpdate(self.status), TurnEvent.CANCEL, await self._cancel_reason()
-                )
+                # `upd` keeps what the step had done (a delivered message, the attempt).
+                return await self._end(upd, TurnEvent.CANCEL, await self._cancel_reason())
             if done:
                 return
             upd = TurnUpdate(self.status)
@@ -225,16 +225,27 @@ class TurnExecution:
     async def _step(self, upd: TurnUpdate) -> bool:
         """One step; True when the turn stopped running (finished, parked or waiting)."""
         open_calls = unresolved_tool_calls(self.messages)
+        if open_calls and self.answer_inbox:
+            # A user message came while we were finishing or parking: like a message in a
+            # waiting status, it closes the open calls and goes to the model.
+            for m in interrupted_tool_messages(self.messages, self.policy, INTERRUPTED_BY_USER):
+                self._append(upd, m)
+            upd.values["pending_tool_calls"] = []
+            open_calls = []
         if not open_calls:
+            self.answer_inbox = False
             return await self._model_step(upd)
         internal = [c for c in open_calls if not self._is_external(c)]
         if internal:
             return await self._tool_step(upd, internal[0])
+        trip = limits.before_external_tool_calls(self.policy, self._counters(), len(open_calls))
+        if trip:
+            await self._end(upd, trip.event, trip.reason)
+            return True
+        alt = upd.fork()
         upd.values["pending_tool_calls"] = [c.to_json() for c in open_calls]
-        upd.move(TurnEvent.WAIT_FOR_TOOL, f"waiting for {len(open_calls)} external tool call(s)")
-        upd.release_lease = True
-        await self._commit(upd)
-        return True
+        reason = f"waiting for {len(open_calls)} external tool call(s)"
+        return await self._stop(upd, alt, TurnEvent.WAIT_FOR_TOOL, reason)
 
     def _is_external(self, call: ToolCall) -> bool:
         spec = self.agent.tool(call.name)
@@ -255,12 +266,12 @@ class TurnExecution:
             spec=spec,
             messages=list(self.context),
             tools=list(self.agent.tools),
-            call_index=self.model_attempts,
+            call_index=self.counts["model_attempts"],
             timeout_s=timeout_s,
             turn_id=self.turn_id,
         )
-        self.steps += 1
-        self.model_attempts += 1
+        self._add(upd, "steps")
+        self._add(upd, "model_attempts")
         started = time.monotonic()
         failure: Failure | None = None
         try:
@@ -269,11 +280,22 @@ class TurnExecution:
             )
         except FailureError as e:
             failure = e.failure
+        except CallCancelled:
+            upd.event(
+                "model_attempt",
+                {
+                    "attempt": self.counts["model_attempts"],
+                    "model": spec.model,
+                    "outcome": "cancelled",
+                    "duration_ms": int((time.monotonic() - started) * 1000),
+                },
+            )
+            raise
         elapsed = time.monotonic() - started
         metrics.model_call_duration.labels(spec.model).observe(elapsed)
         metrics.model_calls.labels(spec.model, failure.error_class.value if failure else "ok").inc()
         attempt: dict[str, Any] = {
-            "attempt": self.model_attempts,
+            "attempt": self.counts["model_attempts"],
             "model": spec.model,
             "duration_ms": int(elapsed * 1000),
         }
@@ -282,10 +304,10 @@ class TurnExecution:
             if await self._ended_by_duration(upd, failure):
                 return True
             return await self._on_failure(upd, failure)
-        self.iterations += 1
-        self.consecutive = 0
-        self.input_tokens += reply.input_tokens
-        self.output_tokens += reply.output_tokens
+        self._add(upd, "iterations")
+        self._reset_retries(upd)
+        self._add(upd, "input_tokens", reply.input_tokens)
+        self._add(upd, "output_tokens", reply.output_tokens)
         metrics.tokens.labels(spec.model, "input").inc(reply.input_tokens)
         metrics.tokens.labels(spec.model, "output").inc(reply.output_tokens)
         calls = unique_tool_call_ids(reply.tool_calls, self.taken_ids)
@@ -305,11 +327,10 @@ class TurnExecution:
             await self._end(upd, trip.event, trip.reason)
             return True
         if not calls:
+            alt = upd.fork()
             upd.values["output"] = reply.content
             upd.values["last_error"] = None
-            upd.move(TurnEvent.COMPLETE)
-            await self._commit(upd)
-            return True
+            return await self._stop(upd, alt, TurnEvent.COMPLETE)
         upd.move(TurnEvent.TOOL_CALLS, f"{len(calls)} tool call(s)")
         await self._commit(upd)
         return False
@@ -345,7 +366,7 @@ class TurnExecution:
             idempotency_key=f"{self.turn_id}:{call.id}",
             timeout_s=timeout_s,
         )
-        self.steps += 1
+        self._add(upd, "steps")
         started = time.monotonic()
         failure: Failure | None = None
         content = ""
@@ -355,6 +376,18 @@ class TurnExecution:
             )
         except FailureError as e:
             failure = e.failure
+        except CallCancelled:
+            upd.event(
+                "tool_attempt",
+                {
+                    "tool_call_id": call.id,
+                    "tool": call.name,
+                    "idempotency_key": ctx.idempotency_key,
+                    "outcome": "cancelled",
+                    "duration_ms": int((time.monotonic() - started) * 1000),
+                },
+            )
+            raise
         elapsed = time.monotonic() - started
         label = call.name if spec else "unknown"
         metrics.tool_call_duration.labels(label).observe(elapsed)
@@ -366,10 +399,10 @@ class TurnExecution:
             "duration_ms": int(elapsed * 1000),
         }
         if failure is None or failure.error_class in _EXECUTED:
-            self.tool_calls += 1
+            self._add(upd, "tool_calls")
         if failure is None:
             upd.event("tool_attempt", {**attempt, "outcome": "ok"})
-            self.consecutive = 0
+            self._reset_retries(upd)
             self._append(
                 upd, Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
             )
@@ -381,7 +414,7 @@ class TurnExecution:
         if self.policy.tool_error_strategy is ToolErrorStrategy.RETURN_ERROR_TO_MODEL:
             metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
             # A tool error handed to the model is a tool result, never a retry.
-            self.consecutive = 0
+            self._reset_retries(upd)
             code = failure.code or failure.error_class.value
             self._append(upd, tool_error_result(self.policy, call, code, failure.message))
             await self._commit(upd)
@@ -397,11 +430,15 @@ class TurnExecution:
         metrics.errors.labels(failure.source.value, failure.error_class.value).inc()
         upd.values["last_error"] = failure.to_json(retry_on)
         cls = failure.error_class.value
-        if failure.retryable(retry_on) and self.consecutive < retry.max_retries:
-            n = self.consecutive + 1
+        alt = upd.fork()
+        if (
+            failure.retryable(retry_on)
+            and self.counts["consecutive_retry_count"] < retry.max_retries
+        ):
+            n = self.counts["consecutive_retry_count"] + 1
             delay = retry_delay(retry, n, failure.retry_after_ms)
-            self.consecutive = n
-            self.retry_count += 1
+            self._add(upd, "consecutive_retry_count")
+            self._add(upd, "retry_count")
             upd.values["next_runnable_at"] = datetime.now(UTC) + timedelta(
                 milliseconds=delay.delay_ms
             )
@@ -418,22 +455,28 @@ class TurnExecution:
                     "retry_after_honoured": delay.retry_after_honoured,
                 },
             )
-            metrics.retries_scheduled.labels(failure.source.value, cls).inc()
-            upd.move(
-                TurnEvent.SCHEDULE_RETRY,
-                f"{cls}: retry {n}/{retry.max_retries} in {delay.delay_ms} ms",
-            )
-            upd.release_lease = True
-            await self._commit(upd)
-            return True
+            reason = f"{cls}: retry {n}/{retry.max_retries} in {delay.delay_ms} ms"
+            stopped = await self._stop(upd, alt, TurnEvent.SCHEDULE_RETRY, reason)
+            if stopped:
+                metrics.retries_scheduled.labels(failure.source.value, cls).inc()
+            return stopped
         why = "not retryable" if not failure.retryable(retry_on) else "retries exhausted"
         if failure.source is Source.MODEL:
-            upd.move(TurnEvent.WAIT_FOR_MODEL, f"{cls} ({why}): {failure.message}")
-            upd.release_lease = True
-            await self._commit(upd)
-            return True
+            reason = f"{cls} ({why}): {failure.message}"
+            return await self._stop(upd, alt, TurnEvent.WAIT_FOR_MODEL, reason)
         await self._end(upd, TurnEvent.FAIL, f"{cls} ({why}): {failure.message}")
         return True
+
+    async def _stop(
+        self, upd: TurnUpdate, alt: TurnUpdate, event: TurnEvent, reason: str | None = None
+    ) -> bool:
+        """Complete or park, unless user messages are waiting when it commits: then `alt` is
+        written instead and we answer them. True when the turn stopped running."""
+        upd.move(event, reason)
+        upd.release_lease = True
+        upd.if_inbox = alt
+        await self._commit(upd)
+        return self.status is not TurnStatus.RUNNING
 
     async def _ended_by_duration(self, upd: TurnUpdate, failure: Failure) -> bool:
         """A call whose timeout was cut to the turn's remaining time ran out of it: that is
@@ -503,9 +546,18 @@ class TurnExecution:
         self.context.append(m)
 
     def _counters(self) -> Counters:
+        c = self.counts
         return Counters(
-            self.iterations, self.steps, self.tool_calls, self.input_tokens, self.output_tokens
+            c["iterations"], c["steps"], c["tool_calls"], c["input_tokens"], c["output_tokens"]
         )
+
+    def _add(self, upd: TurnUpdate, counter: str, n: int = 1) -> None:
+        upd.add(counter, n)
+        self.counts[counter] += n
+
+    def _reset_retries(self, upd: TurnUpdate) -> None:
+        upd.values["consecutive_retry_count"] = 0
+        self.counts["consecutive_retry_count"] = 0
 
     def _elapsed_ms(self) -> int:
         return int((datetime.now(UTC) - self.created_at).total_seconds() * 1000)
@@ -524,19 +576,14 @@ class TurnExecution:
         return self.cancel_reason or self.policy.cancellation_reason
 
     async def _commit(self, upd: TurnUpdate) -> None:
-        upd.values.update(
-            iterations=self.iterations,
-            steps=self.steps,
-            tool_calls=self.tool_calls,
-            model_attempts=self.model_attempts,
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            retry_count=self.retry_count,
-            consecutive_retry_count=self.consecutive,
-        )
         applied = await self.rt.writer.write(self.turn_id, self.token, upd)
         if not applied.ok:
             raise LeaseLost()
+        if applied.took_inbox_branch and upd.if_inbox is not None:
+            # User messages were waiting: we stay RUNNING and answer them first.
+            upd = upd.if_inbox
+            self.answer_inbox = True
+        self.counts.update(applied.counters)
         if upd.status is not self.status and upd.status is not TurnStatus.RUNNING:
             error = upd.values.get("last_error") or {}
             log.info(

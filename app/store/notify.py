@@ -1,5 +1,7 @@
-"""Wake-up hints: NOTIFY on PostgreSQL, plus in-process subscribers (API and worker in one
-process under `serve`). A hint only: workers poll anyway, so a lost one costs latency, not work."""
+"""What happens once a transaction commits: wake-up hints, and the finished-turn metric.
+
+Hints are NOTIFY on PostgreSQL plus in-process subscribers (API and worker in one process under
+`serve`). A hint only: workers poll anyway, so a lost one costs latency, not work."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from collections.abc import Callable
 
 from sqlalchemy import event, func, select, text
 from sqlalchemy.orm import Session
+
+from app import metrics
 
 WAKE = "turnrunner_wake"  # a turn became runnable
 CANCEL = "turnrunner_cancel"  # payload: the turn id whose cancel was requested
@@ -43,6 +47,8 @@ def notify_many(session: Session, channel: str, payloads: list[str]) -> None:
 
 @event.listens_for(Session, "after_commit")
 def _after_commit(session: Session) -> None:
+    for agent, status in session.info.pop("turnrunner_finished", []):
+        metrics.turns_finished.labels(agent, status).inc()
     for channel, payload in session.info.pop("turnrunner_notify", []):
         for callback in list(_subscribers):
             callback(channel, payload)
@@ -51,3 +57,4 @@ def _after_commit(session: Session) -> None:
 @event.listens_for(Session, "after_rollback")
 def _after_rollback(session: Session) -> None:
     session.info.pop("turnrunner_notify", None)
+    session.info.pop("turnrunner_finished", None)

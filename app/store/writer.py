@@ -8,13 +8,12 @@ locks the turn row, so rows of one turn are numbered in commit order."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from app import metrics
 from app.domain.transcript import Message
 from app.domain.update import TurnUpdate
 from app.store.tables import turn_events, turn_inbox, turn_messages, turns
@@ -38,9 +37,24 @@ class Applied:
     cancel_requested: bool = False
     cancel_reason: str | None = None
     inbox_pending: int = 0
+    # The counters as they are after the write (commands may have added to them meanwhile).
+    counters: dict[str, int] = field(default_factory=dict)
+    # The update's `if_inbox` alternative was written: user messages were waiting.
+    took_inbox_branch: bool = False
 
 
 FENCED_OUT = Applied(ok=False)
+
+COUNTERS = (
+    "iterations",
+    "steps",
+    "tool_calls",
+    "model_attempts",
+    "input_tokens",
+    "output_tokens",
+    "retry_count",
+    "consecutive_retry_count",
+)
 
 
 def storable(value: Any) -> Any:
@@ -96,6 +110,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
                 turns.c.inbox_pending,
                 turns.c.conversation_id,
                 turns.c.agent_name,
+                *(turns.c[name] for name in COUNTERS),
             )
             .where(turns.c.id.in_(ids))
             .with_for_update()
@@ -111,6 +126,12 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
         if row is None or not _matches(fence, row):
             results.append(FENCED_OUT)
             continue
+        branch = upd.if_inbox is not None and row["inbox_pending"] > len(upd.delivered_inbox)
+        if branch:
+            assert upd.if_inbox is not None
+            upd = upd.if_inbox
+        counters = {name: row[name] + upd.increments.get(name, 0) for name in COUNTERS}
+        counters.update((k, v) for k, v in upd.values.items() if k in counters)
         first_message, first_event = row["message_count"] + 1, row["event_count"] + 1
         message_count = row["message_count"] + len(upd.messages)
         event_count = row["event_count"] + len(upd.events)
@@ -118,6 +139,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
         version = row["version"] + 1
         values = {
             **storable(upd.values),
+            **counters,
             "updated_at": now,
             "version": version,
             "message_count": message_count,
@@ -129,6 +151,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
         by_shape[tuple(sorted(values))].append({**values, "b_id": turn_id})
         # Rows that follow in the same batch see this write (a turn may appear twice).
         row.update(
+            counters,
             version=version,
             message_count=message_count,
             event_count=event_count,
@@ -152,9 +175,20 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
         )
         delivered.extend(upd.delivered_inbox)
         if "status" in upd.values and upd.status.is_terminal:
-            metrics.turns_finished.labels(row["agent_name"], upd.status.value).inc()
+            # Counted once the transaction commits (app.store.notify), not if it rolls back.
+            session.info.setdefault("turnrunner_finished", []).append(
+                (row["agent_name"], upd.status.value)
+            )
         results.append(
-            Applied(True, version, row["cancel_requested"], row["cancel_reason"], inbox_pending)
+            Applied(
+                True,
+                version,
+                row["cancel_requested"],
+                row["cancel_reason"],
+                inbox_pending,
+                counters,
+                branch,
+            )
         )
     for params in by_shape.values():
         session.execute(_UPDATE_BY_ID, params)

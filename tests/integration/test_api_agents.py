@@ -238,19 +238,19 @@ def test_version_numbers_are_per_name(api_only: Any) -> None:
 
 
 def test_agent_answer_never_carries_an_api_key(api_only: Any, monkeypatch: Any) -> None:
-    monkeypatch.setenv("TURNRUNNER_TEST_SECRET_KEY", "sk-secret-value-123")
+    monkeypatch.setenv("TR_TEST_SECRET_KEY", "sk-secret-value-123")
     body = {
         "name": "openai-agent",
         "tools": [],
         "model": {
             "provider": "openai",
             "model": "gpt-x",
-            "api_key_env": "TURNRUNNER_TEST_SECRET_KEY",
+            "api_key_env": "TR_TEST_SECRET_KEY",
             "base_url": "https://llm.example.com/v1",
         },
     }
     r = api_only.post("/v1/agents", json=body)
     assert r.status_code == 201, r.text
-    assert r.json()["model"]["api_key_env"] == "TURNRUNNER_TEST_SECRET_KEY"
+    assert r.json()["model"]["api_key_env"] == "TR_TEST_SECRET_KEY"
     for answer in (r, api_only.get("/v1/agents/openai-agent"), api_only.get("/v1/agents")):
         assert "sk-secret-value-123" not in answer.text

@@ -677,7 +677,15 @@ def test_user_message_in_running_is_queued_before_the_next_model_call(
 
 @pytest.mark.parametrize("form", ["tool-results", "resume"])
 def test_tool_results_then_the_turn_runs_on(client: Any, form: str) -> None:
-    make_agents(client)
+    # An external tool's error goes to the model under RETURN_ERROR_TO_MODEL (under FAIL_RUN,
+    # the default, it fails the turn: test_api_review_fixes).
+    create_agent(
+        client,
+        "asks",
+        scripted(ASK_TWO, {"content": "done"}),
+        tools=[EXTERNAL],
+        policy={"tool_error_strategy": "RETURN_ERROR_TO_MODEL"},
+    )
     turn = park(client, "asks", "WAITING_FOR_TOOL")
     first, second = (c["id"] for c in turn["pending_tool_calls"])
     assert [c["arguments"] for c in turn["pending_tool_calls"]] == [{"q": "a"}, {"q": "b"}]

@@ -176,7 +176,7 @@ def test_retry_model_only_from_waiting_for_model_and_retry_only_from_retry_sched
 
 def test_move_records_status_changed_event_and_values() -> None:
     upd = TurnUpdate(TurnStatus.READY)
-    assert upd.is_empty
+    assert not (upd.values or upd.events or upd.messages)
     assert upd.move(TurnEvent.CLAIM, "claimed by w1") is TurnStatus.RUNNING
     assert upd.status is TurnStatus.RUNNING
     assert upd.values["status"] == "RUNNING"
@@ -189,7 +189,7 @@ def test_move_records_status_changed_event_and_values() -> None:
     ]
     assert "finished_at" not in upd.values
     assert upd.release_lease is False
-    assert not upd.is_empty
+    assert upd.values and upd.events
 
 
 def test_move_without_reason_clears_status_reason() -> None:
@@ -259,7 +259,7 @@ def test_illegal_move_raises_and_changes_nothing() -> None:
     assert upd.values == {}
     assert upd.events == []
     assert upd.release_lease is False
-    assert upd.is_empty
+    assert not (upd.values or upd.events or upd.messages)
 
 
 def test_moves_chain_and_each_is_logged() -> None:
@@ -286,6 +286,19 @@ def test_update_event_and_message_helpers_append() -> None:
     upd.message(Message(role="assistant", content="hi"))
     assert upd.events == [("model_attempt", {"outcome": "ok"})]
     assert upd.messages == [Message(role="assistant", content="hi")]
-    assert not upd.is_empty
-    assert not TurnUpdate(TurnStatus.RUNNING, delivered_inbox=[3]).is_empty
-    assert not TurnUpdate(TurnStatus.RUNNING, release_lease=True).is_empty
+    upd.add("steps")
+    upd.add("steps", 2)
+    assert upd.increments == {"steps": 3}
+
+
+def test_fork_is_an_independent_copy() -> None:
+    upd = TurnUpdate(TurnStatus.RUNNING)
+    upd.event("model_attempt", {"outcome": "ok"})
+    upd.add("steps")
+    alt = upd.fork()
+    upd.move(TurnEvent.COMPLETE)
+    upd.add("steps")
+    assert alt.status is TurnStatus.RUNNING
+    assert alt.events == [("model_attempt", {"outcome": "ok"})]
+    assert alt.increments == {"steps": 1}
+    assert "status" not in alt.values
