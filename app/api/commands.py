@@ -89,7 +89,8 @@ def _run(db: Database, turn_id: str, command: str, plan: Plan) -> dict[str, Any]
                 upd, after = plan(session, row)
                 if upd is not None:
                     upd.event("command", {"command": command})
-                    applied = apply_update(session, turn_id, Fence(version=row["version"]), upd)
+                    fence = Fence(version=row["version"], unleased=not _held(row))
+                    applied = apply_update(session, turn_id, fence, upd)
                     if not applied.ok:
                         continue  # someone wrote first: read again, check again
                     if after is not None:

@@ -61,9 +61,6 @@ def claim(
             lease_owner=owner,
             lease_token=uuid.uuid4().hex,
             lease_expires_at=now + lease_ttl,
-            # A command that read the turn before this claim must re-read it: its version
-            # fence fails, and it sees the turn is held.
-            version=turns.c.version + 1,
         )
         .returning(*turns.c)
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
@@ -26,6 +27,9 @@ class Fence:
 
     lease_token: str | None = None
     version: int | None = None
+    # The turn must still be free of any worker's lease (a command that read it unheld and
+    # changes its status must not race a claim that happened since).
+    unleased: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
                 turns.c.id,
                 turns.c.version,
                 turns.c.lease_token,
+                turns.c.lease_expires_at,
                 turns.c.message_count,
                 turns.c.event_count,
                 turns.c.cancel_requested,
@@ -123,7 +128,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
     delivered: list[int] = []
     for turn_id, fence, upd in writes:
         row = current.get(turn_id)
-        if row is None or not _matches(fence, row):
+        if row is None or not _matches(fence, row, now):
             results.append(FENCED_OUT)
             continue
         branch = upd.if_inbox is not None and row["inbox_pending"] > len(upd.delivered_inbox)
@@ -207,8 +212,11 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
 _UPDATE_BY_ID = update(turns).where(turns.c.id == bindparam("b_id"))
 
 
-def _matches(fence: Fence, row: dict[str, Any]) -> bool:
+def _matches(fence: Fence, row: dict[str, Any], now: datetime) -> bool:
     if fence.lease_token is not None and row["lease_token"] != fence.lease_token:
+        return False
+    held = row["lease_expires_at"] is not None and row["lease_expires_at"] > now
+    if fence.unleased and held:
         return False
     return fence.version is None or row["version"] == fence.version
 

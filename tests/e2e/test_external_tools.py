@@ -27,7 +27,11 @@ def _of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def _waiting(stack: Api, fake: FakeLLM, model: str, *replies: dict[str, Any]) -> dict[str, Any]:
     fake.script(model, *replies)
-    stack.create_agent(model, fake.spec(model), tools=[LOOKUP], system_prompt="use lookup")
+    # A client's tool error goes back to the model (under FAIL_RUN it would fail the turn).
+    policy = {"tool_error_strategy": "RETURN_ERROR_TO_MODEL"}
+    stack.create_agent(
+        model, fake.spec(model), tools=[LOOKUP], system_prompt="use lookup", policy=policy
+    )
     turn = stack.create_turn(model, "find alpha and beta")
     return stack.wait_status(turn["id"], "WAITING_FOR_TOOL")
 
