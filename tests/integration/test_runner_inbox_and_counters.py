@@ -140,3 +140,16 @@ def test_a_model_answering_an_unusual_5xx_is_retried_as_server_error(client: Any
     assert done["retry_count"] == 1
     retry = next(e for e in events(client, turn["id"]) if e["type"] == "retry_scheduled")
     assert retry["data"]["error_class"] == "server_error"
+
+
+def test_a_slow_model_call_does_not_hold_up_other_turns(client: Any, fake_llm: str) -> None:
+    create_agent(client, "slowpoke", _fake_model(fake_llm, [{"hang_ms": 5000}]))
+    create_agent(client, "quick", scripted({"content": "done"}))
+    slow = create_turn(client, "slowpoke", "take your time")
+    wait_status(client, slow["id"], "RUNNING")
+
+    quick = wait_status(client, create_turn(client, "quick")["id"], "COMPLETED")
+
+    assert quick["output"] == "done"
+    assert client.get(f"/v1/turns/{slow['id']}").json()["status"] == "RUNNING"
+    wait_status(client, slow["id"], "COMPLETED")
