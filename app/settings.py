@@ -102,10 +102,6 @@ class Settings(BaseSettings):
             h.strip().lower() for h in self.http_tool_allowlist.split(",") if h.strip()
         )
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":

@@ -232,7 +232,6 @@ def _message_plan(content: str, message_id: str | None) -> Plan:
 
         def queue() -> None:
             store.enqueue_user_message(session, row["id"], mid, content)
-            store.bump_inbox(session, row["id"])
 
         return upd, queue
 

@@ -173,16 +173,13 @@ def version_of(session: Session, turn_id: str) -> int | None:
 
 
 def enqueue_user_message(session: Session, turn_id: str, message_id: str, content: str) -> None:
-    """Queue a user message; the worker delivers it into the transcript before a model call."""
+    """Queue a user message; the worker delivers it into the transcript before a model call.
+    The turn row counts it, so the worker's next write learns of it without a query."""
     session.execute(
         insert(turn_inbox).values(
             turn_id=turn_id, message_id=message_id, content=content, created_at=utcnow()
         )
     )
-
-
-def bump_inbox(session: Session, turn_id: str) -> None:
-    """Count one more queued message on the turn row, where the worker's next write sees it."""
     session.execute(
         update(turns).where(turns.c.id == turn_id).values(inbox_pending=turns.c.inbox_pending + 1)
     )

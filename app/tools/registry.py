@@ -66,8 +66,3 @@ def register_builtin(name: str, fn: BuiltinTool) -> None:
 def unregister_builtin(name: str) -> None:
     """Remove a programmatic registration; entry points and shipped builtins stay."""
     _registered.pop(name, None)
-
-
-def reload_entry_points() -> None:
-    """Forget the cached entry points, so newly installed plugins are seen."""
-    _entry_point_tools.cache_clear()
