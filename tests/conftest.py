@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from app.settings import Settings
 from app.store.db import Database
@@ -38,14 +38,22 @@ TURNRUNNER = [sys.executable, "-m", "app.cli"]
 # ---- databases ---------------------------------------------------------------------------
 
 
-@contextmanager
-def fresh_postgres(prefix: str) -> Iterator[str]:
-    """A new, migrated PostgreSQL database on the test server; dropped afterwards."""
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(
+def admin_engine() -> Engine:
+    """A connection to the test server's maintenance database, outside any transaction."""
+    return create_engine(
         PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
         isolation_level="AUTOCOMMIT",
     )
+
+
+@contextmanager
+def fresh_postgres(prefix: str) -> Iterator[str]:
+    """A new, migrated PostgreSQL database on the test server (the test is skipped when
+    PostgreSQL is disabled); dropped afterwards."""
+    if not PG_ENABLED:
+        pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = admin_engine()
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = admin.url.set(database=name).render_as_string(hide_password=False)
@@ -63,8 +71,6 @@ def fresh_postgres(prefix: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for this test session."""
-    if not PG_ENABLED:
-        pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
     with fresh_postgres("turnrunner_test") as url:
         yield url
 

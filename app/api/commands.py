@@ -36,7 +36,14 @@ from app.domain.agent import ModelSpec
 from app.domain.failures import ErrorClass, Failure, sanitize
 from app.domain.policy import ExecutionPolicy, ToolErrorStrategy
 from app.domain.status import TurnEvent, TurnStatus
-from app.domain.transcript import Message, ToolCall, closing_messages, tool_error_result
+from app.domain.transcript import (
+    INTERRUPTED_BY_USER,
+    Message,
+    ToolCall,
+    closing_messages,
+    interrupted_tool_messages,
+    tool_error_result,
+)
 from app.domain.update import TurnUpdate
 from app.store import agents as agents_store
 from app.store import turns as store
@@ -51,7 +58,6 @@ router = APIRouter(prefix="/v1/turns", tags=["commands"], dependencies=[ClientAu
 Plan = Callable[[Session, dict[str, Any]], tuple[TurnUpdate | None, Callable[[], None] | None]]
 
 MAX_ATTEMPTS = 20
-INTERRUPTED_BY_USER = "superseded by a new user message"
 
 
 def _held(row: dict[str, Any]) -> bool:
@@ -62,12 +68,7 @@ def _held(row: dict[str, Any]) -> bool:
 def _require(row: dict[str, Any], *allowed: TurnStatus) -> TurnStatus:
     status = TurnStatus(row["status"])
     if status.is_terminal:
-        raise Problem(
-            409,
-            "turn_finished",
-            f"the turn has finished ({status.value})",
-            turn_status=status.value,
-        )
+        raise _finished(status)
     if status not in allowed:
         names = ", ".join(s.value for s in allowed)
         raise invalid_state(
@@ -76,6 +77,12 @@ def _require(row: dict[str, Any], *allowed: TurnStatus) -> TurnStatus:
     if _held(row) and status is not TurnStatus.RUNNING:
         raise invalid_state(status.value, "a worker is resuming this turn right now")
     return status
+
+
+def _finished(status: TurnStatus) -> Problem:
+    return Problem(
+        409, "turn_finished", f"the turn has finished ({status.value})", turn_status=status.value
+    )
 
 
 def _run(db: Database, turn_id: str, command: str, plan: Plan) -> dict[str, Any]:
@@ -134,13 +141,10 @@ def _retry_plan(force: bool) -> Plan:
             )
         # RETRY keeps the consecutive count, so a lasting fault cannot retry forever.
         upd = _update(row, reset=False)
-        if due is not None and not force:
-            metrics.retry_lag.observe(max(0.0, (now - due).total_seconds()))
         upd.move(
             TurnEvent.CONTINUE if force else TurnEvent.RETRY,
             "resumed now (force)" if force else "retry due",
         )
-        upd.values["next_runnable_at"] = None
         upd.event("retry_resumed", {"by": "api", "force": force})
         return upd, None
 
@@ -207,12 +211,7 @@ def _message_plan(content: str, message_id: str | None) -> Plan:
     def plan(session: Session, row: dict[str, Any]) -> tuple[TurnUpdate | None, Any]:
         status = TurnStatus(row["status"])
         if status.is_terminal:
-            raise Problem(
-                409,
-                "turn_finished",
-                f"the turn has finished ({status.value})",
-                turn_status=status.value,
-            )
+            raise _finished(status)
         if store.inbox_has(session, row["id"], mid):
             return None, None  # the same message_id again: accepted once only
         upd = _update(row)
@@ -224,11 +223,9 @@ def _message_plan(content: str, message_id: str | None) -> Plan:
             # are closed as interrupted. The turn goes on, so no closing assistant message.
             policy = ExecutionPolicy.model_validate(row["execution_policy"])
             transcript = store.transcript(session, row["id"])
-            for m in closing_messages(transcript, policy, INTERRUPTED_BY_USER)[:-1]:
+            for m in interrupted_tool_messages(transcript, policy, INTERRUPTED_BY_USER):
                 upd.message(m)
-            upd.values["pending_tool_calls"] = []
             upd.move(TurnEvent.USER_MESSAGE, "new user message")
-            upd.values["next_runnable_at"] = None
 
         def queue() -> None:
             store.enqueue_user_message(session, row["id"], mid, content)
@@ -283,7 +280,6 @@ def _fail_on_tool_error(
     upd.values["last_error"] = failure.to_json()
     for m in closing_messages(store.transcript(session, row["id"]), policy, reason):
         upd.message(m)
-    upd.values["pending_tool_calls"] = []
     # The table has RUNNING -> FAILED for a tool failure: the error is in (the turn runs on
     # for this one update) and fails it at once, both moves in the same write.
     upd.move(TurnEvent.TOOL_RESULTS_IN, "external tool reported an error")
@@ -301,12 +297,7 @@ def _cancel_plan(reason: str | None) -> Plan:
         if status is TurnStatus.CANCELLED:
             return None, None  # cancelling a cancelled turn answers it again
         if status.is_terminal:
-            raise Problem(
-                409,
-                "turn_finished",
-                f"the turn has finished ({status.value})",
-                turn_status=status.value,
-            )
+            raise _finished(status)
         policy = ExecutionPolicy.model_validate(row["execution_policy"])
         why = reason or policy.cancellation_reason
         upd = _update(row)  # a command like the others: a step, and the consecutive count reset
@@ -318,7 +309,6 @@ def _cancel_plan(reason: str | None) -> Plan:
             return upd, None
         for m in closing_messages(store.transcript(session, row["id"]), policy, why):
             upd.message(m)
-        upd.values.update(pending_tool_calls=[], next_runnable_at=None)
         upd.event("cancelled", {"reason": why})
         upd.move(TurnEvent.CANCEL, why)
         return upd, None

@@ -30,6 +30,8 @@ class TurnUpdate:
     # does not finish or park over a message it accepted (the store decides, under the row
     # lock, so no message can slip in between).
     if_inbox: TurnUpdate | None = None
+    # The status moves made, (from, to, by), for what the store does once they commit.
+    moves: list[tuple[TurnStatus, TurnStatus, TurnEvent]] = field(default_factory=list)
 
     def move(self, event: TurnEvent, reason: str | None = None) -> TurnStatus:
         """Change status by `event` (IllegalTransition if the table refuses) and log it."""
@@ -41,8 +43,12 @@ class TurnUpdate:
         if after.is_terminal:
             self.values["finished_at"] = datetime.now(UTC)
             self.release_lease = True
+        # Columns that only mean something in one status are cleared on leaving it.
         if after is not TurnStatus.RETRY_SCHEDULED:
             self.values["next_runnable_at"] = None
+        if after is not TurnStatus.WAITING_FOR_TOOL:
+            self.values["pending_tool_calls"] = []
+        self.moves.append((before, after, event))
         self.event(
             "status_changed",
             {"from": before.value, "to": after.value, "event": event.value, "reason": reason},
@@ -57,12 +63,13 @@ class TurnUpdate:
         """A copy to build an alternative on (see `if_inbox`)."""
         return TurnUpdate(
             self.status,
-            dict(self.values),
-            list(self.messages),
-            list(self.events),
-            list(self.delivered_inbox),
-            self.release_lease,
-            dict(self.increments),
+            values=dict(self.values),
+            messages=list(self.messages),
+            events=list(self.events),
+            delivered_inbox=list(self.delivered_inbox),
+            release_lease=self.release_lease,
+            increments=dict(self.increments),
+            moves=list(self.moves),
         )
 
     def event(self, type_: str, data: dict[str, Any]) -> None:

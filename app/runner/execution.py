@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -43,7 +43,7 @@ from app.tools.base import ToolContext
 from app.tools.execute import ToolRunner
 
 log = logging.getLogger("turnrunner.runner")
-T = TypeVar("T")
+_MS = timedelta(milliseconds=1)
 
 DEFAULT_MODEL_TIMEOUT_MS = 120_000
 # Tool errors that happen after a real execution started (the others never ran anything).
@@ -190,12 +190,9 @@ class TurnExecution:
         if self.status is TurnStatus.READY:
             upd.move(TurnEvent.CLAIM)
         elif self.status is TurnStatus.RETRY_SCHEDULED:
-            due = self.row["next_runnable_at"] or now
-            lag = max(0.0, (now - due).total_seconds())
-            metrics.retry_lag.observe(lag)
+            lag = now - (self.row["next_runnable_at"] or now)
             upd.move(TurnEvent.RETRY, "retry due")
-            upd.values["next_runnable_at"] = None
-            upd.event("retry_resumed", {"by": "scheduler", "lag_ms": int(lag * 1000)})
+            upd.event("retry_resumed", {"by": "scheduler", "lag_ms": max(0, lag // _MS)})
         elif self.status is TurnStatus.RUNNING:
             upd.event("claimed", {"worker": self.rt.owner})
         self.status = upd.status
@@ -230,7 +227,6 @@ class TurnExecution:
             # waiting status, it closes the open calls and goes to the model.
             for m in interrupted_tool_messages(self.messages, self.policy, INTERRUPTED_BY_USER):
                 self._append(upd, m)
-            upd.values["pending_tool_calls"] = []
             open_calls = []
         if not open_calls:
             self.answer_inbox = False
@@ -272,6 +268,7 @@ class TurnExecution:
         )
         self._add(upd, "steps")
         self._add(upd, "model_attempts")
+        attempt: dict[str, Any] = {"attempt": self.counts["model_attempts"], "model": spec.model}
         started = time.monotonic()
         failure: Failure | None = None
         try:
@@ -281,24 +278,11 @@ class TurnExecution:
         except FailureError as e:
             failure = e.failure
         except CallCancelled:
-            upd.event(
-                "model_attempt",
-                {
-                    "attempt": self.counts["model_attempts"],
-                    "model": spec.model,
-                    "outcome": "cancelled",
-                    "duration_ms": int((time.monotonic() - started) * 1000),
-                },
-            )
+            upd.event("model_attempt", {**attempt, **_took(started), "outcome": "cancelled"})
             raise
-        elapsed = time.monotonic() - started
-        metrics.model_call_duration.labels(spec.model).observe(elapsed)
+        attempt.update(_took(started))
+        metrics.model_call_duration.labels(spec.model).observe(time.monotonic() - started)
         metrics.model_calls.labels(spec.model, failure.error_class.value if failure else "ok").inc()
-        attempt: dict[str, Any] = {
-            "attempt": self.counts["model_attempts"],
-            "model": spec.model,
-            "duration_ms": int(elapsed * 1000),
-        }
         if failure:
             upd.event("model_attempt", {**attempt, "outcome": "error", **_failure_fields(failure)})
             if await self._ended_by_duration(upd, failure):
@@ -367,6 +351,11 @@ class TurnExecution:
             timeout_s=timeout_s,
         )
         self._add(upd, "steps")
+        attempt: dict[str, Any] = {
+            "tool_call_id": call.id,
+            "tool": call.name,
+            "idempotency_key": ctx.idempotency_key,
+        }
         started = time.monotonic()
         failure: Failure | None = None
         content = ""
@@ -377,27 +366,12 @@ class TurnExecution:
         except FailureError as e:
             failure = e.failure
         except CallCancelled:
-            upd.event(
-                "tool_attempt",
-                {
-                    "tool_call_id": call.id,
-                    "tool": call.name,
-                    "idempotency_key": ctx.idempotency_key,
-                    "outcome": "cancelled",
-                    "duration_ms": int((time.monotonic() - started) * 1000),
-                },
-            )
+            upd.event("tool_attempt", {**attempt, **_took(started), "outcome": "cancelled"})
             raise
-        elapsed = time.monotonic() - started
+        attempt.update(_took(started))
         label = call.name if spec else "unknown"
-        metrics.tool_call_duration.labels(label).observe(elapsed)
+        metrics.tool_call_duration.labels(label).observe(time.monotonic() - started)
         metrics.tool_calls.labels(label, failure.error_class.value if failure else "ok").inc()
-        attempt: dict[str, Any] = {
-            "tool_call_id": call.id,
-            "tool": call.name,
-            "idempotency_key": ctx.idempotency_key,
-            "duration_ms": int(elapsed * 1000),
-        }
         if failure is None or failure.error_class in _EXECUTED:
             self._add(upd, "tool_calls")
         if failure is None:
@@ -494,7 +468,6 @@ class TurnExecution:
         for m in closing_messages(self.messages, self.policy, reason):
             self._append(upd, m)
         if event is TurnEvent.CANCEL:
-            upd.values["pending_tool_calls"] = []
             upd.event("cancelled", {"reason": reason})
         upd.move(event, reason)
         await self._commit(upd)
@@ -601,6 +574,11 @@ class TurnExecution:
         if applied.cancel_requested and not self.cancel_requested:
             self.request_cancel(applied.cancel_reason)
         self.inbox_pending = applied.inbox_pending
+
+
+def _took(started: float) -> dict[str, int]:
+    """The `duration_ms` of an attempt that started at `started` (time.monotonic)."""
+    return {"duration_ms": int((time.monotonic() - started) * 1000)}
 
 
 def _failure_fields(f: Failure) -> dict[str, Any]:

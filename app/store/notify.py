@@ -49,6 +49,8 @@ def notify_many(session: Session, channel: str, payloads: list[str]) -> None:
 def _after_commit(session: Session) -> None:
     for agent, status in session.info.pop("turnrunner_finished", []):
         metrics.turns_finished.labels(agent, status).inc()
+    for lag in session.info.pop("turnrunner_retry_lag", []):
+        metrics.retry_lag.observe(lag)
     for channel, payload in session.info.pop("turnrunner_notify", []):
         for callback in list(_subscribers):
             callback(channel, payload)
@@ -58,3 +60,4 @@ def _after_commit(session: Session) -> None:
 def _after_rollback(session: Session) -> None:
     session.info.pop("turnrunner_notify", None)
     session.info.pop("turnrunner_finished", None)
+    session.info.pop("turnrunner_retry_lag", None)

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from app.domain.status import TurnEvent
 from app.domain.transcript import Message
 from app.domain.update import TurnUpdate
 from app.store.tables import turn_events, turn_inbox, turn_messages, turns
@@ -113,6 +114,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
                 turns.c.cancel_requested,
                 turns.c.cancel_reason,
                 turns.c.inbox_pending,
+                turns.c.next_runnable_at,
                 turns.c.conversation_id,
                 turns.c.agent_name,
                 *(turns.c[name] for name in COUNTERS),
@@ -179,11 +181,7 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
             for i, (t, d) in enumerate(upd.events)
         )
         delivered.extend(upd.delivered_inbox)
-        if "status" in upd.values and upd.status.is_terminal:
-            # Counted once the transaction commits (app.store.notify), not if it rolls back.
-            session.info.setdefault("turnrunner_finished", []).append(
-                (row["agent_name"], upd.status.value)
-            )
+        _record_moves(session, upd, row, now)
         results.append(
             Applied(
                 True,
@@ -206,6 +204,19 @@ def apply_updates(session: Session, writes: list[tuple[str, Fence, TurnUpdate]])
             update(turn_inbox).where(turn_inbox.c.id.in_(delivered)).values(delivered_at=now)
         )
     return results
+
+
+def _record_moves(session: Session, upd: TurnUpdate, row: dict[str, Any], now: datetime) -> None:
+    """What the moves mean for the metrics, counted once the transaction commits
+    (app.store.notify), not if it rolls back: finishes, and how late a retry resumed."""
+    for _, after, event in upd.moves:
+        if after.is_terminal:
+            session.info.setdefault("turnrunner_finished", []).append(
+                (row["agent_name"], after.value)
+            )
+        if event is TurnEvent.RETRY and row["next_runnable_at"] is not None:
+            lag = max(0.0, (now - row["next_runnable_at"]).total_seconds())
+            session.info.setdefault("turnrunner_retry_lag", []).append(lag)
 
 
 # The SET clause comes from the keys of the parameters (all alike within one executemany).

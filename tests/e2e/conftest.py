@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import PG_ENABLED, free_port, fresh_postgres, run_process, wait_http
+from tests.conftest import free_port, fresh_postgres, run_process, wait_http
 from tests.helpers import TERMINAL
 from tests.toolserver import start_tool_server
 
@@ -217,8 +217,6 @@ def tool_server() -> Iterator[ToolServer]:
 @pytest.fixture(scope="session")
 def own_database() -> Iterator[str]:
     """A migrated PostgreSQL database for the shared stack alone, dropped at the end."""
-    if not PG_ENABLED:
-        pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
     with fresh_postgres("turnrunner_e2e") as url:
         yield url
 

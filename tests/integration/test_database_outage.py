@@ -9,33 +9,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
-from tests.conftest import PG_ADMIN_URL, PG_ENABLED, api_client, fresh_postgres
+from app.tools.builtins import builtin_tool_spec
+from tests.conftest import admin_engine, api_client, fresh_postgres
 from tests.helpers import create_agent, create_turn, events, messages, scripted, wait_status
 
-SLEEP = {
-    "name": "sleep",
-    "description": "wait",
-    "kind": "builtin",
-    "builtin": "sleep",
-    "parameters": {"type": "object"},
-}
+SLEEP = builtin_tool_spec("sleep")
 
 
 @pytest.fixture
 def own_postgres() -> Iterator[str]:
-    if not PG_ENABLED:
-        pytest.skip("PostgreSQL disabled (TURNRUNNER_TEST_POSTGRES_URL=skip)")
     with fresh_postgres("turnrunner_outage") as url:
         yield url
 
 
 def _connections(db_name: str, allowed: bool) -> None:
-    admin = create_engine(
-        PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1),
-        isolation_level="AUTOCOMMIT",
-    )
+    admin = admin_engine()
     with admin.connect() as conn:
         conn.execute(text(f'ALTER DATABASE "{db_name}" ALLOW_CONNECTIONS {str(allowed).lower()}'))
         if not allowed:

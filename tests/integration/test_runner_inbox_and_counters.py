@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from app.tools.builtins import builtin_tool_spec
 from tests.helpers import create_agent, create_turn, events, messages, scripted, wait_status
 
 
@@ -65,15 +66,7 @@ def test_cancel_mid_call_keeps_the_delivered_message_and_records_the_attempt(
             {"tool_calls": [{"name": "sleep", "arguments": {"ms": 1500}}]},
             {"hang_ms": 60_000},
         ),
-        tools=[
-            {
-                "name": "sleep",
-                "description": "wait",
-                "kind": "builtin",
-                "builtin": "sleep",
-                "parameters": {"type": "object"},
-            }
-        ],
+        tools=[builtin_tool_spec("sleep")],
     )
     turn = create_turn(client, "sleepy", "go")
     _wait_events(client, turn["id"], "status_changed")
