@@ -60,15 +60,17 @@ def get_agent(
 ) -> dict[str, Any]:
     """The latest version of an agent, or the one asked for."""
     with db_of(request).transaction() as session:
-        row = store.get(session, name, version)
-    if row is None:
-        raise not_found(f"agent {name!r}" + (f" version {version}" if version else ""))
-    return views.agent(row)
+        return views.agent(_get_or_404(session, name, version))
 
 
 def get_spec(session: Any, name: str, version: int | None) -> tuple[AgentSpec, int]:
     """An agent's spec and version, or 404."""
+    row = _get_or_404(session, name, version)
+    return AgentSpec.model_validate(row["spec"]), row["version"]
+
+
+def _get_or_404(session: Any, name: str, version: int | None) -> dict[str, Any]:
     row = store.get(session, name, version)
     if row is None:
         raise not_found(f"agent {name!r}" + (f" version {version}" if version else ""))
-    return AgentSpec.model_validate(row["spec"]), row["version"]
+    return row
