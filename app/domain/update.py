@@ -43,10 +43,11 @@ class TurnUpdate:
         if after.is_terminal:
             self.values["finished_at"] = datetime.now(UTC)
             self.release_lease = True
-        # Columns that only mean something in one status are cleared on leaving it.
-        if after is not TurnStatus.RETRY_SCHEDULED:
+        # Columns that only mean something in one status are cleared on leaving it (and only
+        # then: a step's RUNNING -> RUNNING move writes nothing more).
+        if before is TurnStatus.RETRY_SCHEDULED and after is not before:
             self.values["next_runnable_at"] = None
-        if after is not TurnStatus.WAITING_FOR_TOOL:
+        if before is TurnStatus.WAITING_FOR_TOOL and after is not before:
             self.values["pending_tool_calls"] = []
         self.moves.append((before, after, event))
         self.event(
